@@ -1,0 +1,2 @@
+//! Benchmarks live in benches/.
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! Rust side of the fio external ioengine.
+#![forbid(unsafe_code)]

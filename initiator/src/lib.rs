@@ -1,0 +1,2 @@
+//! Userspace NVMe-oF host.
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! JSON-RPC control plane speaking SPDK's method names and parameters.
+#![forbid(unsafe_code)]
