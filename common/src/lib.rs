@@ -2,4 +2,5 @@
 //! the safe RDMA verbs layer (`rdma`) and registered buffer pools, and per-core reactors.
 #![deny(unsafe_code)]
 
+pub mod buffer;
 pub mod spec;

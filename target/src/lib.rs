@@ -1,3 +1,5 @@
 //! The NVMe-oF target: subsystems, controllers and the command sets (`core`, `cmd`), block
 //! device backends (`bdev`) and transports behind one interface (`transport`).
 #![deny(unsafe_code)]
+
+pub mod bdev;

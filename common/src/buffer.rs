@@ -1,0 +1,328 @@
+//! Data buffer pools: one memory region split into fixed-size buffers, handed out as owned
+//! [`IoBuf`] handles.
+//!
+//! Ownership is the safety argument: a buffer index is in the free queue or inside exactly one
+//! `IoBuf`, never both, so no two handles alias. Posting to a QP or submitting to a bdev moves the
+//! `IoBuf` into the operation, and the completion gives it back; dropping the handle returns the
+//! buffer to the pool. The free list is a lock-free bounded queue: taking and returning a buffer
+//! neither locks nor allocates.
+//!
+//! The region comes from an anonymous mapping, huge pages when the system has them (fewer TLB
+//! misses, fewer MR translation entries), ordinary pages otherwise. The RDMA layer registers the
+//! whole region once and stores the keys here, so every buffer carries a valid `lkey`.
+
+use std::any::Any;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crossbeam::queue::ArrayQueue;
+use memmap2::{MmapMut, MmapOptions};
+
+/// Buffers start on page boundaries so O_DIRECT backends can use them as they are.
+pub const BUFFER_ALIGN: usize = 4096;
+
+const HUGE_PAGE_SHIFT: u8 = 21;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BufferPoolError {
+    #[error("buffer size {0} must be a non-zero multiple of {BUFFER_ALIGN}")]
+    BadBufferSize(usize),
+    #[error("buffer count must be non-zero")]
+    Empty,
+    #[error("mapping {bytes} bytes for a buffer pool failed: {source}")]
+    Map {
+        bytes: usize,
+        source: std::io::Error,
+    },
+}
+
+struct PoolShared {
+    base: NonNull<u8>,
+    buf_size: usize,
+    count: u32,
+    free: ArrayQueue<u32>,
+    lkey: AtomicU32,
+    rkey: AtomicU32,
+    /// Keeps the memory registration (owned by the RDMA layer) alive as long as any buffer.
+    registration: OnceLock<Box<dyn Any + Send + Sync>>,
+    huge_pages: bool,
+    // Declared last: dropped after the registration that refers to it.
+    _map: MmapMut,
+}
+
+// SAFETY: `base` points into `_map`, which lives as long as this struct. The pointer itself is
+// shared read-only; byte access goes only through `IoBuf`, and the free queue hands each index to
+// one `IoBuf` at a time, so no two threads ever touch the same buffer.
+#[allow(unsafe_code)]
+unsafe impl Send for PoolShared {}
+// SAFETY: as for Send: all shared state is atomics or the lock-free queue.
+#[allow(unsafe_code)]
+unsafe impl Sync for PoolShared {}
+
+/// A pool of `count` buffers of `buf_size` bytes each. Cloning shares the pool.
+#[derive(Clone)]
+pub struct BufferPool {
+    shared: Arc<PoolShared>,
+}
+
+impl std::fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferPool")
+            .field("buf_size", &self.shared.buf_size)
+            .field("count", &self.shared.count)
+            .field("available", &self.available())
+            .field("huge_pages", &self.shared.huge_pages)
+            .finish()
+    }
+}
+
+impl BufferPool {
+    pub fn new(buf_size: usize, count: u32) -> Result<Self, BufferPoolError> {
+        if buf_size == 0 || buf_size % BUFFER_ALIGN != 0 {
+            return Err(BufferPoolError::BadBufferSize(buf_size));
+        }
+        if count == 0 {
+            return Err(BufferPoolError::Empty);
+        }
+        let bytes = buf_size * count as usize;
+        let (mut map, huge_pages) = map_region(bytes)?;
+        let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns null");
+        let free = ArrayQueue::new(count as usize);
+        for index in 0..count {
+            // Capacity equals count, so every push succeeds.
+            let _ = free.push(index);
+        }
+        Ok(Self {
+            shared: Arc::new(PoolShared {
+                base,
+                buf_size,
+                count,
+                free,
+                lkey: AtomicU32::new(0),
+                rkey: AtomicU32::new(0),
+                registration: OnceLock::new(),
+                huge_pages,
+                _map: map,
+            }),
+        })
+    }
+
+    /// Takes a free buffer, with its length set to the full buffer size. `None` when all are
+    /// in use: callers queue and retry when one comes back, they never fail the I/O.
+    pub fn get(&self) -> Option<IoBuf> {
+        let index = self.shared.free.pop()?;
+        Some(IoBuf {
+            shared: Arc::clone(&self.shared),
+            index,
+            len: self.shared.buf_size,
+        })
+    }
+
+    pub fn buf_size(&self) -> usize {
+        self.shared.buf_size
+    }
+
+    pub fn count(&self) -> u32 {
+        self.shared.count
+    }
+
+    pub fn available(&self) -> usize {
+        self.shared.free.len()
+    }
+
+    pub fn uses_huge_pages(&self) -> bool {
+        self.shared.huge_pages
+    }
+
+    /// Start address and length of the whole region, for memory registration.
+    pub fn region(&self) -> (*mut u8, usize) {
+        (
+            self.shared.base.as_ptr(),
+            self.shared.buf_size * self.shared.count as usize,
+        )
+    }
+
+    /// Records the region's registration: the keys every buffer reports, and the object (a
+    /// memory region handle) that must stay alive while any buffer may be in flight. A pool is
+    /// registered once; a second call is refused and returns the registration back.
+    #[allow(clippy::result_large_err)]
+    pub fn set_registration(
+        &self,
+        lkey: u32,
+        rkey: u32,
+        keepalive: Box<dyn Any + Send + Sync>,
+    ) -> Result<(), Box<dyn Any + Send + Sync>> {
+        self.shared.registration.set(keepalive)?;
+        self.shared.lkey.store(lkey, Ordering::Release);
+        self.shared.rkey.store(rkey, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn is_registered(&self) -> bool {
+        self.shared.registration.get().is_some()
+    }
+}
+
+fn map_region(bytes: usize) -> Result<(MmapMut, bool), BufferPoolError> {
+    let huge_len = bytes.next_multiple_of(1 << HUGE_PAGE_SHIFT);
+    if let Ok(map) = MmapOptions::new()
+        .len(huge_len)
+        .huge(Some(HUGE_PAGE_SHIFT))
+        .map_anon()
+    {
+        return Ok((map, true));
+    }
+    MmapOptions::new()
+        .len(bytes)
+        .map_anon()
+        .map(|map| (map, false))
+        .map_err(|source| BufferPoolError::Map { bytes, source })
+}
+
+/// One buffer of a pool, owned. `len` is the part in use (a transfer may be shorter than the
+/// buffer); `capacity` is the buffer size.
+pub struct IoBuf {
+    shared: Arc<PoolShared>,
+    index: u32,
+    len: usize,
+}
+
+impl IoBuf {
+    fn start(&self) -> *mut u8 {
+        // In bounds: index < count, so the offset lies inside the mapping.
+        self.shared
+            .base
+            .as_ptr()
+            .wrapping_add(self.index as usize * self.shared.buf_size)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.shared.buf_size
+    }
+
+    /// Sets the length in use; clamped to the capacity.
+    pub fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.shared.buf_size);
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the range [start, start + len) lies inside the mapping (len <= buf_size), the
+        // mapping outlives `self` through the Arc, and this handle is the only owner of the
+        // buffer (see the module doc), so no mutable alias exists while `&self` is borrowed.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts(self.start(), self.len)
+        }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` makes this the only live reference.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts_mut(self.start(), self.len)
+        }
+    }
+
+    /// Address of the buffer's first byte as the RDMA layer and the kernel see it.
+    pub fn addr(&self) -> u64 {
+        self.start() as u64
+    }
+
+    /// Local key of the pool's registration (0 when the pool is not registered).
+    pub fn lkey(&self) -> u32 {
+        self.shared.lkey.load(Ordering::Acquire)
+    }
+
+    /// Remote key of the pool's registration (0 when not registered or not remotely accessible).
+    pub fn rkey(&self) -> u32 {
+        self.shared.rkey.load(Ordering::Acquire)
+    }
+
+    /// Index of this buffer in its pool: stable, usable as a slot number.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+}
+
+impl std::ops::Deref for IoBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::ops::DerefMut for IoBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
+impl std::fmt::Debug for IoBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoBuf")
+            .field("index", &self.index)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Drop for IoBuf {
+    fn drop(&mut self) {
+        // Cannot overflow: the queue holds `count` slots and this index is not in it.
+        let _ = self.shared.free.push(self.index);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_distinct_aligned_and_return_on_drop() {
+        let pool = BufferPool::new(8192, 4).unwrap();
+        let mut bufs: Vec<IoBuf> = (0..4).map(|_| pool.get().unwrap()).collect();
+        assert!(pool.get().is_none(), "pool of 4 must be exhausted");
+        for (i, b) in bufs.iter_mut().enumerate() {
+            assert_eq!(b.addr() as usize % BUFFER_ALIGN, 0);
+            b.as_mut_slice().fill(i as u8);
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(b.iter().all(|&x| x == i as u8), "buffers overlap");
+        }
+        bufs.pop();
+        assert_eq!(pool.available(), 1);
+        assert!(pool.get().is_some());
+    }
+
+    #[test]
+    fn set_len_clamps_and_registration_is_once() {
+        let pool = BufferPool::new(4096, 1).unwrap();
+        let mut b = pool.get().unwrap();
+        b.set_len(100);
+        assert_eq!(b.len(), 100);
+        b.set_len(1 << 20);
+        assert_eq!(b.len(), 4096);
+        assert_eq!(b.lkey(), 0);
+        pool.set_registration(7, 9, Box::new(())).unwrap();
+        assert!(pool.set_registration(1, 1, Box::new(())).is_err());
+        assert_eq!((b.lkey(), b.rkey()), (7, 9));
+    }
+
+    #[test]
+    fn bad_sizes_are_refused() {
+        assert!(matches!(
+            BufferPool::new(1000, 1),
+            Err(BufferPoolError::BadBufferSize(1000))
+        ));
+        assert!(matches!(BufferPool::new(4096, 0), Err(BufferPoolError::Empty)));
+    }
+}
