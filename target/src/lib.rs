@@ -3,3 +3,7 @@
 #![deny(unsafe_code)]
 
 pub mod bdev;
+pub mod cmd;
+pub mod core;
+pub mod target;
+pub mod transport;

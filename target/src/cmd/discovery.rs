@@ -1,0 +1,89 @@
+//! The Discovery Log (NVMe-oF 1.1, 5.3; NVMe 2.0 base, 5.16.1.23): one entry per (subsystem,
+//! listener) the connecting host may use.
+
+use std::collections::BTreeSet;
+
+use nvmf_common::spec::identify::set_nqn;
+use nvmf_common::spec::log_page::{
+    AddressFamily, DiscoveryLogEntry, DiscoveryLogHeader, SubsystemType, TransportType,
+    RDMA_CMS_RDMA_CM, RDMA_PRTYPE_NOT_SPECIFIED, RDMA_QPTYPE_CONNECTED,
+    TREQ_SECURE_CHANNEL_NOT_REQUIRED,
+};
+use std::sync::atomic::Ordering;
+use zerocopy::{FromZeros, IntoBytes};
+
+use crate::core::subsystem::{ListenAddress, SubsystemKind};
+use crate::core::CoreCtx;
+
+/// Admin submission queue size advertised in entries (ASQSZ): what Linux hosts use.
+const ASQSZ: u16 = 32;
+/// Controller id "dynamic" in discovery entries.
+const CNTLID_DYNAMIC: u16 = 0xFFFF;
+
+pub fn trtype_code(trtype: &str) -> TransportType {
+    match trtype.to_ascii_uppercase().as_str() {
+        "RDMA" => TransportType::RDMA,
+        "TCP" => TransportType::TCP,
+        "FC" => TransportType::FC,
+        _ => TransportType::INTRA_HOST,
+    }
+}
+
+pub fn adrfam_code(adrfam: &str) -> AddressFamily {
+    match adrfam.to_ascii_uppercase().as_str() {
+        "IPV4" => AddressFamily::IPV4,
+        "IPV6" => AddressFamily::IPV6,
+        "IB" => AddressFamily::IB,
+        "FC" => AddressFamily::FC,
+        _ => AddressFamily::INTRA_HOST,
+    }
+}
+
+/// The whole log page for `hostnqn`: header then entries, subsystems in NQN order.
+pub fn log_page(core: &CoreCtx, hostnqn: &str) -> Vec<u8> {
+    let mut subsystems: Vec<_> = core
+        .subsystem_configs()
+        .filter(|s| s.kind == SubsystemKind::Nvm && s.host_allowed(hostnqn))
+        .collect();
+    subsystems.sort_by(|a, b| a.nqn.cmp(&b.nqn));
+    // Port ids: a listener's position among all listen addresses, stable while they are.
+    let ports: BTreeSet<&ListenAddress> = core
+        .subsystem_configs()
+        .flat_map(|s| s.listeners.iter())
+        .collect();
+    let port_id = |addr: &ListenAddress| ports.iter().position(|p| *p == addr).unwrap_or(0) as u16;
+
+    let mut entries = Vec::new();
+    for sub in subsystems {
+        for addr in &sub.listeners {
+            let mut e = DiscoveryLogEntry::new_zeroed();
+            let trtype = trtype_code(&addr.trtype);
+            e.trtype = trtype.0;
+            e.adrfam = adrfam_code(&addr.adrfam).0;
+            e.subtype = SubsystemType::NVME.0;
+            e.treq = TREQ_SECURE_CHANNEL_NOT_REQUIRED;
+            e.portid.set(port_id(addr));
+            e.cntlid.set(CNTLID_DYNAMIC);
+            e.asqsz.set(ASQSZ);
+            set_nqn(&mut e.trsvcid, &addr.trsvcid);
+            set_nqn(&mut e.subnqn, &sub.nqn);
+            set_nqn(&mut e.traddr, &addr.traddr);
+            if trtype == TransportType::RDMA {
+                let tsas = e.rdma_tsas_mut();
+                tsas.rdma_qptype = RDMA_QPTYPE_CONNECTED;
+                tsas.rdma_prtype = RDMA_PRTYPE_NOT_SPECIFIED;
+                tsas.rdma_cms = RDMA_CMS_RDMA_CM;
+            }
+            entries.push(e);
+        }
+    }
+    let mut header = DiscoveryLogHeader::new_zeroed();
+    header.genctr.set(core.info.discovery_genctr.load(Ordering::Relaxed));
+    header.numrec.set(entries.len() as u64);
+    let mut page = Vec::with_capacity(1024 * (entries.len() + 1));
+    page.extend_from_slice(header.as_bytes());
+    for e in &entries {
+        page.extend_from_slice(e.as_bytes());
+    }
+    page
+}

@@ -1,0 +1,242 @@
+//! Fabrics commands (NVMe-oF 1.1, 3): Connect creates a controller (admin queue) or binds an
+//! I/O queue to one; Property Get/Set stand in for the register reads and writes of PCIe.
+
+use std::sync::Arc;
+
+use nvmf_common::spec::fabrics::{
+    connect_invalid_param_dw0, connect_offsets as off, connect_success_dw0, ConnectCommand,
+    ConnectData, FabricsCommand, FabricsCommandType, PropertyGetCommand, PropertySetCommand,
+    CNTLID_DYNAMIC, RECFMT_0,
+};
+use nvmf_common::spec::registers::{Cap, Cc, Csts, Property, Version};
+use nvmf_common::spec::Status;
+use zerocopy::FromBytes;
+
+use crate::cmd::data_phase;
+use crate::core::controller::{ControllerLocal, ControllerShared};
+use crate::core::queue::QueueState;
+use crate::core::request::{DataDirection, Exec, Prepared, Request};
+use crate::core::subsystem::SubsystemKind;
+use crate::core::CoreCtx;
+
+/// The NVMe version this controller implements, reported in VS and Identify VER alike.
+pub const NVME_VERSION: Version = Version::new(1, 3, 0);
+/// CAP.TO: worst-case time to ready, in 500 ms units.
+const CAP_TIMEOUT_UNITS: u8 = 15;
+/// CC.IOSQES / IOCQES the NVM command set requires: 64-byte SQEs, 16-byte CQEs (log2).
+const IOSQES: u8 = 6;
+const IOCQES: u8 = 4;
+/// CC.SHN values and CSTS.SHST "shutdown processing complete".
+const SHST_COMPLETE: u8 = 2;
+
+const CONNECT_DATA_LEN: u32 = core::mem::size_of::<ConnectData>() as u32;
+
+pub fn prepare(_core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Result<Prepared, Status> {
+    let fctype = FabricsCommand::from_command(&req.cmd).fctype();
+    match fctype {
+        FabricsCommandType::CONNECT => {
+            if q.is_connected() {
+                return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
+            }
+            if ConnectCommand::from_command(&req.cmd).recfmt.get() != RECFMT_0 {
+                return Err(Status::INCOMPATIBLE_FORMAT.with_dnr());
+            }
+            data_phase(q, &req.cmd, DataDirection::HostToController, CONNECT_DATA_LEN)
+        }
+        FabricsCommandType::PROPERTY_GET | FabricsCommandType::PROPERTY_SET => {
+            if !q.is_connected() {
+                return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
+            }
+            if !q.is_admin() {
+                return Err(Status::INVALID_QUEUE_TYPE.with_dnr());
+            }
+            data_phase(q, &req.cmd, DataDirection::None, 0)
+        }
+        _ if !q.is_connected() => Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
+        // Authentication is not required by any subsystem here, and Disconnect is optional
+        // (OFCS bit 0 clear): hosts close the transport connection instead.
+        _ => Err(Status::INVALID_OPCODE.with_dnr()),
+    }
+}
+
+pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
+    match FabricsCommand::from_command(&req.cmd).fctype() {
+        FabricsCommandType::CONNECT => connect(core, q, req),
+        FabricsCommandType::PROPERTY_GET => property_get(q, req),
+        FabricsCommandType::PROPERTY_SET => property_set(q, req),
+        _ => req.fail(Status::INVALID_OPCODE.with_dnr()),
+    }
+}
+
+fn invalid_param(req: &mut Request, in_data: bool, offset: u16) -> Exec {
+    req.complete_with(
+        Status::CONNECT_INVALID_PARAMETERS.with_dnr(),
+        connect_invalid_param_dw0(in_data, offset),
+    );
+    Exec::Complete
+}
+
+fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
+    let cmd = *ConnectCommand::from_command(&req.cmd);
+    let Ok((data, _)) = ConnectData::read_from_prefix(req.data()) else {
+        return req.fail(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+    };
+    let qid = cmd.qid.get();
+    let sqsize = cmd.sqsize.get();
+    if q.expected_qid.is_some_and(|expected| expected != qid) {
+        return invalid_param(req, false, off::SQE_QID);
+    }
+    let Some(sub) = core.subsystem_by_nqn(data.subnqn()) else {
+        tracing::warn!(subnqn = data.subnqn(), hostnqn = data.hostnqn(), "connect to unknown subsystem");
+        return invalid_param(req, true, off::DATA_SUBNQN);
+    };
+    let config = Arc::clone(&sub.config);
+    if !config.host_allowed(data.hostnqn()) {
+        tracing::warn!(subnqn = %config.nqn, hostnqn = data.hostnqn(), "connect from a host not allowed");
+        return req.fail(Status::CONNECT_INVALID_HOST.with_dnr());
+    }
+    if qid == 0 {
+        if sqsize == 0 || u32::from(sqsize) + 1 > u32::from(q.limits.max_aq_depth) {
+            return invalid_param(req, false, off::SQE_SQSIZE);
+        }
+        if data.cntlid.get() != CNTLID_DYNAMIC {
+            return invalid_param(req, true, off::DATA_CNTLID);
+        }
+        let max_io_qid = match config.kind {
+            SubsystemKind::Nvm => q.limits.max_qpairs_per_ctrl.saturating_sub(1),
+            SubsystemKind::Discovery => 0,
+        };
+        let now = core.now_ms();
+        let group = core.group;
+        let Some(ctrl) = config.shared.add_controller(config.min_cntlid, config.max_cntlid, |cntlid| {
+            Arc::new(ControllerShared::new(
+                cntlid,
+                config.id,
+                config.nqn.clone(),
+                config.kind,
+                data.hostnqn().to_string(),
+                data.hostid,
+                group,
+                max_io_qid,
+                cmd.kato.get(),
+                now,
+            ))
+        }) else {
+            return req.fail(Status::CONTROLLER_BUSY);
+        };
+        core.controllers
+            .insert((config.id, ctrl.cntlid), ControllerLocal::new(Arc::clone(&ctrl)));
+        tracing::info!(cntlid = ctrl.cntlid, subnqn = %config.nqn, hostnqn = data.hostnqn(),
+            kato_ms = cmd.kato.get(), peer = %q.peer, "controller created");
+        q.qid = 0;
+        q.depth = sqsize + 1;
+        q.subsystem = Some(config.id);
+        req.complete_with(Status::SUCCESS, connect_success_dw0(ctrl.cntlid, 0));
+        q.ctrl = Some(ctrl);
+        return Exec::Complete;
+    }
+
+    if config.kind == SubsystemKind::Discovery {
+        return invalid_param(req, false, off::SQE_QID);
+    }
+    let Some(ctrl) = config.shared.controller(data.cntlid.get()) else {
+        return invalid_param(req, true, off::DATA_CNTLID);
+    };
+    if ctrl.hostnqn != data.hostnqn() {
+        return invalid_param(req, true, off::DATA_HOSTNQN);
+    }
+    if ctrl.hostid != data.hostid {
+        return req.fail(Status::HOST_ID_INCONSISTENT_FORMAT.with_dnr());
+    }
+    if ctrl.is_failed() || !ctrl.cc().en() {
+        return req.fail(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
+    }
+    if qid > ctrl.max_io_qid.load(std::sync::atomic::Ordering::Relaxed) {
+        return invalid_param(req, false, off::SQE_QID);
+    }
+    if sqsize == 0 || u32::from(sqsize) + 1 > u32::from(q.limits.max_queue_depth) {
+        return invalid_param(req, false, off::SQE_SQSIZE);
+    }
+    if !ctrl.claim_qid(qid) {
+        return invalid_param(req, false, off::SQE_QID);
+    }
+    q.qid = qid;
+    q.depth = sqsize + 1;
+    q.subsystem = Some(config.id);
+    req.complete_with(Status::SUCCESS, connect_success_dw0(ctrl.cntlid, 0));
+    q.ctrl = Some(ctrl);
+    Exec::Complete
+}
+
+/// CAP as this controller reports it for queues of `q`'s transport.
+pub fn capabilities(q: &QueueState) -> Cap {
+    Cap(0)
+        .with_mqes(q.limits.max_queue_depth - 1)
+        .with_cqr(true)
+        .with_to(CAP_TIMEOUT_UNITS)
+        .with_css(Cap::CSS_NVM)
+        .with_mpsmin(0)
+        .with_mpsmax(0)
+}
+
+fn property_get(q: &QueueState, req: &mut Request) -> Exec {
+    let cmd = *PropertyGetCommand::from_command(&req.cmd);
+    let ctrl = q.ctrl.as_ref().expect("prepare checked the queue is connected");
+    let prop = Property(cmd.offset.get());
+    let Some(size) = cmd.size() else {
+        return req.fail(Status::INVALID_FIELD.with_dnr());
+    };
+    if size != prop.size() {
+        return req.fail(Status::INVALID_FIELD.with_dnr());
+    }
+    let value: u64 = match prop {
+        Property::CAP => capabilities(q).0,
+        Property::VS => u64::from(NVME_VERSION.0),
+        Property::CC => u64::from(ctrl.cc().0),
+        Property::CSTS => u64::from(ctrl.csts().0),
+        _ => return req.fail(Status::INVALID_FIELD.with_dnr()),
+    };
+    req.rsp.set_result64(value);
+    req.complete(Status::SUCCESS);
+    Exec::Complete
+}
+
+fn property_set(q: &QueueState, req: &mut Request) -> Exec {
+    let cmd = *PropertySetCommand::from_command(&req.cmd);
+    let ctrl = q.ctrl.as_ref().expect("prepare checked the queue is connected");
+    let prop = Property(cmd.offset.get());
+    if prop != Property::CC || cmd.size() != Some(4) {
+        // CAP, VS and CSTS are read-only; NSSR and the PCIe queue registers do not exist here.
+        return req.fail(Status::INVALID_FIELD.with_dnr());
+    }
+    write_cc(ctrl, Cc(cmd.value.get() as u32));
+    req.complete(Status::SUCCESS)
+        ;
+    Exec::Complete
+}
+
+/// Applies a CC write: enabling makes the controller ready (or fatal if the queue entry sizes
+/// are wrong), disabling resets it, a shutdown notification completes at once because there is
+/// no volatile state the target could lose.
+fn write_cc(ctrl: &ControllerShared, new: Cc) {
+    let old = ctrl.cc();
+    let mut csts = ctrl.csts();
+    if new.en() && !old.en() {
+        let sizes_ok = new.iosqes() == IOSQES && new.iocqes() == IOCQES;
+        let sizes_ok = sizes_ok || ctrl.kind == SubsystemKind::Discovery;
+        if new.mps() != 0 || !sizes_ok {
+            csts = csts.with_cfs(true);
+        } else {
+            csts = csts.with_rdy(true);
+        }
+    } else if !new.en() && old.en() {
+        csts = Csts(0);
+    }
+    if new.shn() != 0 && old.shn() == 0 {
+        csts = csts.with_shst(SHST_COMPLETE);
+    } else if new.shn() == 0 && old.shn() != 0 {
+        csts = csts.with_shst(0);
+    }
+    ctrl.set_cc(new);
+    ctrl.set_csts(csts);
+}

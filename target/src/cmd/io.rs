@@ -1,0 +1,230 @@
+//! NVM command set I/O commands: Read, Write, Compare, Flush, Write Zeroes, Dataset
+//! Management. Every LBA range is checked against the namespace before a bdev sees it, and
+//! every transfer against MDTS and the SGL, so backends only ever get valid requests.
+
+use nvmf_common::buffer::BufferPool;
+use nvmf_common::spec::command::{Dsm, DsmRange, ReadWrite};
+use nvmf_common::spec::{IoOpcode, Status};
+use zerocopy::FromBytes;
+
+use crate::bdev::{BdevCompletion, BdevIo, IoKind};
+use crate::cmd::data_phase;
+use crate::core::queue::QueueState;
+use crate::core::request::{DataDirection, Exec, Prepared, Request};
+use crate::core::status::from_bdev;
+use crate::core::subsystem::{Namespace, SubsystemId};
+use crate::core::CoreCtx;
+
+const AUX_BUFFERS: u32 = 32;
+const DSM_RANGE_LEN: u32 = core::mem::size_of::<DsmRange>() as u32;
+
+fn ids(q: &QueueState, req: &Request) -> (SubsystemId, u32) {
+    (q.subsystem.expect("I/O queues are connected"), req.nsid)
+}
+
+fn check_range(ns: &Namespace, slba: u64, nlb: u64) -> Result<(), Status> {
+    match slba.checked_add(nlb) {
+        Some(end) if end <= ns.num_blocks() => Ok(()),
+        _ => Err(Status::LBA_OUT_OF_RANGE.with_dnr()),
+    }
+}
+
+pub fn prepare(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Result<Prepared, Status> {
+    let ctrl = q.ctrl.as_ref().expect("checked by the caller");
+    if !ctrl.is_ready() {
+        return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
+    }
+    let nsid = req.cmd.nsid.get();
+    let sid = q.subsystem.expect("connected queues have a subsystem");
+    let ns = core.namespace(sid, nsid).ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+    req.nsid = nsid;
+    let read_only = ns.bdev.read_only();
+    match IoOpcode(req.cmd.opcode) {
+        op @ (IoOpcode::READ | IoOpcode::WRITE | IoOpcode::COMPARE) => {
+            let rw = ReadWrite::parse(&req.cmd);
+            check_range(ns, rw.slba, u64::from(rw.nlb))?;
+            let bytes = u64::from(rw.nlb) * u64::from(ns.block_size());
+            if bytes > u64::from(q.limits.max_transfer()) {
+                return Err(Status::INVALID_FIELD.with_dnr());
+            }
+            if op == IoOpcode::WRITE && read_only {
+                return Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr());
+            }
+            let dir = if op == IoOpcode::READ {
+                DataDirection::ControllerToHost
+            } else {
+                DataDirection::HostToController
+            };
+            data_phase(q, &req.cmd, dir, bytes as u32)
+        }
+        IoOpcode::FLUSH => data_phase(q, &req.cmd, DataDirection::None, 0),
+        IoOpcode::WRITE_ZEROES => {
+            let rw = ReadWrite::parse(&req.cmd);
+            check_range(ns, rw.slba, u64::from(rw.nlb))?;
+            if read_only {
+                return Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr());
+            }
+            data_phase(q, &req.cmd, DataDirection::None, 0)
+        }
+        IoOpcode::DATASET_MANAGEMENT => {
+            let dsm = Dsm::parse(&req.cmd);
+            if dsm.attr_deallocate && read_only {
+                return Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr());
+            }
+            data_phase(q, &req.cmd, DataDirection::HostToController, dsm.nr * DSM_RANGE_LEN)
+        }
+        _ => Err(Status::INVALID_OPCODE.with_dnr()),
+    }
+}
+
+pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
+    let (sid, nsid) = ids(q, req);
+    let Some(ns) = core.namespace(sid, nsid).cloned() else {
+        return req.fail(Status::INVALID_NAMESPACE.with_dnr());
+    };
+    let io = |kind, offset_blocks, num_blocks, buf, fua| BdevIo {
+        tag: req.tag.0,
+        kind,
+        offset_blocks,
+        num_blocks,
+        buf,
+        fua,
+    };
+    let bdev_io = match IoOpcode(req.cmd.opcode) {
+        IoOpcode::READ => {
+            let rw = ReadWrite::parse(&req.cmd);
+            io(IoKind::Read, rw.slba, u64::from(rw.nlb), req.data.take(), false)
+        }
+        IoOpcode::WRITE => {
+            let rw = ReadWrite::parse(&req.cmd);
+            let ctrl = q.ctrl.as_ref().expect("connected");
+            // With the host's write cache switched off every write must be durable at once.
+            let fua = rw.fua || (ns.bdev.has_write_cache() && !ctrl.write_cache_enabled());
+            io(IoKind::Write, rw.slba, u64::from(rw.nlb), req.data.take(), fua)
+        }
+        IoOpcode::COMPARE => {
+            let rw = ReadWrite::parse(&req.cmd);
+            let Some(mut aux) = aux_buffer(core, q, req.len) else {
+                // Not DNR: the host retries once other Compares have returned their buffers.
+                return req.fail(Status::COMMAND_INTERRUPTED);
+            };
+            aux.set_len(req.len as usize);
+            io(IoKind::Read, rw.slba, u64::from(rw.nlb), Some(aux), false)
+        }
+        IoOpcode::FLUSH => {
+            if !ns.bdev.supports(IoKind::Flush) {
+                return req.fail(Status::SUCCESS);
+            }
+            io(IoKind::Flush, 0, 0, None, false)
+        }
+        IoOpcode::WRITE_ZEROES => {
+            let rw = ReadWrite::parse(&req.cmd);
+            if !ns.bdev.supports(IoKind::WriteZeroes) {
+                return req.fail(Status::INVALID_OPCODE.with_dnr());
+            }
+            io(IoKind::WriteZeroes, rw.slba, u64::from(rw.nlb), None, false)
+        }
+        IoOpcode::DATASET_MANAGEMENT => return dataset_management(core, sid, &ns, req),
+        _ => return req.fail(Status::INVALID_OPCODE.with_dnr()),
+    };
+    match core.submit_io(sid, nsid, bdev_io) {
+        Ok(()) => Exec::Pending,
+        Err(status) => req.fail(status),
+    }
+}
+
+fn aux_buffer(core: &mut CoreCtx, q: &QueueState, len: u32) -> Option<nvmf_common::buffer::IoBuf> {
+    if core.aux_pool.is_none() {
+        let size = (q.limits.max_transfer() as usize).next_multiple_of(4096);
+        core.aux_pool = BufferPool::new(size, AUX_BUFFERS).ok();
+    }
+    let pool = core.aux_pool.as_ref()?;
+    if pool.buf_size() < len as usize {
+        return None;
+    }
+    pool.get()
+}
+
+/// Deallocates each range; attributes other than Deallocate are hints and need no action.
+fn dataset_management(core: &mut CoreCtx, sid: SubsystemId, ns: &Namespace, req: &mut Request) -> Exec {
+    let dsm = Dsm::parse(&req.cmd);
+    if !dsm.attr_deallocate {
+        return req.fail(Status::SUCCESS);
+    }
+    let mut ranges = Vec::with_capacity(dsm.nr as usize);
+    for chunk in req.data().chunks_exact(DSM_RANGE_LEN as usize).take(dsm.nr as usize) {
+        let range = DsmRange::read_from_bytes(chunk).expect("chunk is exactly one range");
+        let (slba, nlb) = (range.slba.get(), u64::from(range.nlb.get()));
+        if let Err(status) = check_range(ns, slba, nlb) {
+            return req.fail(status);
+        }
+        if nlb > 0 {
+            ranges.push((slba, nlb));
+        }
+    }
+    if ranges.is_empty() || !ns.bdev.supports(IoKind::Unmap) {
+        return req.fail(Status::SUCCESS);
+    }
+    req.progress.outstanding = ranges.len() as u32;
+    for (slba, nlb) in ranges {
+        let io = BdevIo {
+            tag: req.tag.0,
+            kind: IoKind::Unmap,
+            offset_blocks: slba,
+            num_blocks: nlb,
+            buf: None,
+            fua: false,
+        };
+        if let Err(status) = core.submit_io(sid, ns.nsid, io) {
+            req.progress.outstanding -= 1;
+            req.progress.status.get_or_insert(status);
+        }
+    }
+    if req.progress.outstanding == 0 {
+        let status = req.progress.status.unwrap_or(Status::SUCCESS);
+        return req.fail(status);
+    }
+    Exec::Pending
+}
+
+pub fn on_bdev_complete(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request, done: BdevCompletion) -> Exec {
+    let opcode = IoOpcode(req.cmd.opcode);
+    let status = from_bdev(done.kind, done.result);
+    let ns = core.namespace(ids(q, req).0, req.nsid).cloned();
+    if let Some(ns) = &ns {
+        if !status.is_success() {
+            ns.stats.record_error();
+        } else if opcode == IoOpcode::READ {
+            ns.stats.record_read(u64::from(req.len));
+        } else if opcode == IoOpcode::WRITE {
+            ns.stats.record_write(u64::from(req.len));
+        }
+    }
+    match opcode {
+        IoOpcode::COMPARE => {
+            let device_copy = done.buf;
+            if !status.is_success() {
+                return req.fail(status);
+            }
+            let same = device_copy.as_deref() == Some(req.data());
+            req.fail(if same { Status::SUCCESS } else { Status::COMPARE_FAILURE.with_dnr() })
+        }
+        IoOpcode::DATASET_MANAGEMENT => {
+            req.progress.outstanding = req.progress.outstanding.saturating_sub(1);
+            if !status.is_success() {
+                req.progress.status.get_or_insert(status);
+            }
+            if req.progress.outstanding > 0 {
+                return Exec::Pending;
+            }
+            let status = req.progress.status.unwrap_or(Status::SUCCESS);
+            req.fail(status)
+        }
+        _ => {
+            if done.buf.is_some() {
+                req.data = done.buf;
+            }
+            req.fail(status)
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Controllers (NVMe-oF dynamic controller model: one per host association).
+//!
+//! A controller's queues may sit on different reactors: the admin queue on one, I/O queues
+//! wherever the acceptor put them. What all of them read is in [`ControllerShared`], as atomics
+//! (CC, CSTS, the failed flag), so the I/O path never locks. What only admin commands touch
+//! (features, outstanding AERs, the error log, the changed-namespace list) is
+//! [`ControllerLocal`], owned by the admin queue's reactor.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nvmf_common::spec::log_page::ErrorLogEntry;
+use nvmf_common::spec::registers::{Cc, Csts};
+
+use crate::core::request::ReqTag;
+use crate::core::subsystem::{SubsystemId, SubsystemKind};
+
+/// Asynchronous Event Request Limit (AERL, zero-based): four outstanding AERs, as Linux sends.
+pub const AER_LIMIT: usize = 4;
+/// Error log entries kept per controller (ELPE + 1).
+pub const ERROR_LOG_ENTRIES: usize = 16;
+/// The Changed Namespace List holds 1024 NSIDs; past that it reports 0xFFFFFFFF alone.
+pub const CHANGED_NS_LIST_MAX: usize = 1024;
+
+pub struct ControllerShared {
+    pub cntlid: u16,
+    pub subsystem_id: SubsystemId,
+    pub subnqn: String,
+    pub kind: SubsystemKind,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    /// The poll group that owns the admin queue and the controller's local state.
+    pub admin_group: usize,
+    /// Largest I/O queue id the host may connect (after Set Features Number of Queues).
+    pub max_io_qid: AtomicU16,
+    cc: AtomicU32,
+    csts: AtomicU32,
+    kato_ms: AtomicU32,
+    last_keep_alive_ms: AtomicU64,
+    failed: AtomicBool,
+    /// Volatile Write Cache feature: when the host disables it, writes become FUA.
+    write_cache_enabled: AtomicBool,
+    connected_qids: Mutex<BTreeSet<u16>>,
+}
+
+impl ControllerShared {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cntlid: u16,
+        subsystem_id: SubsystemId,
+        subnqn: String,
+        kind: SubsystemKind,
+        hostnqn: String,
+        hostid: [u8; 16],
+        admin_group: usize,
+        max_io_qid: u16,
+        kato_ms: u32,
+        now_ms: u64,
+    ) -> Self {
+        Self {
+            cntlid,
+            subsystem_id,
+            subnqn,
+            kind,
+            hostnqn,
+            hostid,
+            admin_group,
+            max_io_qid: AtomicU16::new(max_io_qid),
+            cc: AtomicU32::new(0),
+            csts: AtomicU32::new(0),
+            kato_ms: AtomicU32::new(kato_ms),
+            last_keep_alive_ms: AtomicU64::new(now_ms),
+            failed: AtomicBool::new(false),
+            write_cache_enabled: AtomicBool::new(true),
+            connected_qids: Mutex::new(BTreeSet::from([0])),
+        }
+    }
+
+    pub fn cc(&self) -> Cc {
+        Cc(self.cc.load(Ordering::Acquire))
+    }
+
+    pub fn csts(&self) -> Csts {
+        Csts(self.csts.load(Ordering::Acquire))
+    }
+
+    pub fn set_cc(&self, cc: Cc) {
+        self.cc.store(cc.0, Ordering::Release);
+    }
+
+    pub fn set_csts(&self, csts: Csts) {
+        self.csts.store(csts.0, Ordering::Release);
+    }
+
+    /// Enabled and ready: I/O may run.
+    pub fn is_ready(&self) -> bool {
+        self.cc().en() && self.csts().rdy() && !self.is_failed()
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Marks the controller fatal (CSTS.CFS): every queue of it disconnects on its reactor's
+    /// next poll.
+    pub fn fail(&self) {
+        let csts = self.csts();
+        self.set_csts(csts.with_cfs(true));
+        self.failed.store(true, Ordering::Release);
+    }
+
+    pub fn write_cache_enabled(&self) -> bool {
+        self.write_cache_enabled.load(Ordering::Relaxed)
+    }
+
+    pub fn set_write_cache_enabled(&self, on: bool) {
+        self.write_cache_enabled.store(on, Ordering::Relaxed);
+    }
+
+    pub fn kato_ms(&self) -> u32 {
+        self.kato_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn set_kato_ms(&self, kato: u32) {
+        self.kato_ms.store(kato, Ordering::Relaxed);
+    }
+
+    pub fn keep_alive(&self, now_ms: u64) {
+        self.last_keep_alive_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// True once the host has been silent for longer than KATO (never when KATO is 0).
+    pub fn keep_alive_expired(&self, now_ms: u64) -> bool {
+        let kato = u64::from(self.kato_ms());
+        let last = self.last_keep_alive_ms.load(Ordering::Relaxed);
+        kato != 0 && now_ms.saturating_sub(last) > kato
+    }
+
+    /// Records an I/O queue; false if that qid is already connected.
+    pub fn claim_qid(&self, qid: u16) -> bool {
+        self.connected_qids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qid)
+    }
+
+    pub fn release_qid(&self, qid: u16) {
+        self.connected_qids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qid);
+    }
+
+    pub fn connected_qids(&self) -> Vec<u16> {
+        self.connected_qids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect()
+    }
+}
+
+impl std::fmt::Debug for ControllerShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerShared")
+            .field("cntlid", &self.cntlid)
+            .field("subnqn", &self.subnqn)
+            .field("hostnqn", &self.hostnqn)
+            .finish()
+    }
+}
+
+/// The admin side of a controller, owned by the admin queue's reactor.
+pub struct ControllerLocal {
+    pub shared: Arc<ControllerShared>,
+    /// Asynchronous Event Configuration (feature 0Bh).
+    pub async_event_config: u32,
+    /// Features the target only stores and reports back (arbitration, power management,
+    /// temperature threshold, error recovery, interrupt coalescing, ...), by feature id.
+    pub stored_features: std::collections::BTreeMap<u8, u32>,
+    /// AERs the host has outstanding, oldest first.
+    pub outstanding_aers: VecDeque<ReqTag>,
+    /// Events waiting for an AER, as completion dword 0.
+    pub pending_events: VecDeque<u32>,
+    /// A Namespace Attribute Changed event was sent and its log page not read yet: per spec, no
+    /// further event of that type until the host reads the Changed Namespace List.
+    pub ns_change_masked: bool,
+    pub changed_namespaces: BTreeSet<u32>,
+    pub changed_ns_overflow: bool,
+    pub error_log: VecDeque<ErrorLogEntry>,
+    pub error_count: u64,
+    /// Host commands seen, for the SMART log's command counters.
+    pub admin_commands: u64,
+}
+
+impl ControllerLocal {
+    pub fn new(shared: Arc<ControllerShared>) -> Self {
+        Self {
+            shared,
+            async_event_config: 0,
+            stored_features: Default::default(),
+            outstanding_aers: VecDeque::with_capacity(AER_LIMIT),
+            pending_events: VecDeque::new(),
+            ns_change_masked: false,
+            changed_namespaces: BTreeSet::new(),
+            changed_ns_overflow: false,
+            error_log: VecDeque::with_capacity(ERROR_LOG_ENTRIES),
+            error_count: 0,
+            admin_commands: 0,
+        }
+    }
+
+    pub fn note_changed_namespace(&mut self, nsid: u32) {
+        if self.changed_namespaces.len() >= CHANGED_NS_LIST_MAX {
+            self.changed_ns_overflow = true;
+        } else {
+            self.changed_namespaces.insert(nsid);
+        }
+    }
+
+    pub fn record_error(&mut self, mut entry: ErrorLogEntry) {
+        self.error_count += 1;
+        entry.error_count.set(self.error_count);
+        if self.error_log.len() == ERROR_LOG_ENTRIES {
+            self.error_log.pop_back();
+        }
+        self.error_log.push_front(entry);
+    }
+}

@@ -1,0 +1,409 @@
+//! The transport-independent target: subsystems, controllers, queues, requests, and the
+//! per-reactor context [`CoreCtx`] every transport poll group calls into.
+//!
+//! Each reactor owns one `CoreCtx`: its copy of the subsystem snapshots, its bdev channels (one
+//! per namespace), the admin-side state of the controllers whose admin queue it serves, and the
+//! wakeups it owes to pending requests. Nothing in it is shared with another reactor except
+//! through the atomics of [`controller::ControllerShared`] and the connect-path tables of
+//! [`subsystem::SubsystemShared`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use nvmf_common::buffer::BufferPool;
+use nvmf_common::spec::{Status, FABRICS_OPCODE};
+
+use crate::bdev::{BdevChannel, BdevIo};
+use crate::cmd;
+use crate::core::controller::ControllerLocal;
+use crate::core::queue::QueueState;
+use crate::core::request::{Exec, Prepared, ReqTag, Request, Wakeup};
+use crate::core::subsystem::{Namespace, SubsystemConfig, SubsystemId, SubsystemKind};
+
+pub mod controller;
+pub mod poll_group;
+pub mod queue;
+pub mod request;
+pub mod status;
+pub mod subsystem;
+
+pub use poll_group::{PollGroup, PollGroupHandle, PollGroupMsg};
+
+/// Facts about the whole target that every reactor reads.
+#[derive(Debug)]
+pub struct TargetInfo {
+    /// Discovery Log generation counter: bumped on every change a discovery host could see.
+    pub discovery_genctr: AtomicU64,
+    pub firmware_revision: String,
+}
+
+impl Default for TargetInfo {
+    fn default() -> Self {
+        Self {
+            discovery_genctr: AtomicU64::new(0),
+            firmware_revision: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+}
+
+impl TargetInfo {
+    pub fn bump_discovery_generation(&self) {
+        self.discovery_genctr.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A namespace as one reactor serves it: the shared description plus this reactor's channel.
+pub(crate) struct GroupNamespace {
+    pub ns: Arc<Namespace>,
+    pub channel: Box<dyn BdevChannel>,
+    /// I/O the channel refused for lack of resources, retried after its next poll.
+    pub retry: VecDeque<BdevIo>,
+}
+
+pub(crate) struct GroupSubsystem {
+    pub config: Arc<SubsystemConfig>,
+    pub namespaces: HashMap<u32, GroupNamespace>,
+}
+
+pub struct CoreCtx {
+    pub group: usize,
+    pub info: Arc<TargetInfo>,
+    pub(crate) subsystems: HashMap<SubsystemId, GroupSubsystem>,
+    by_nqn: HashMap<String, SubsystemId>,
+    pub(crate) controllers: HashMap<(SubsystemId, u16), ControllerLocal>,
+    /// Namespaces removed while I/O was in flight: polled until drained, then dropped.
+    draining: Vec<GroupNamespace>,
+    wakeups: Vec<(ReqTag, Wakeup)>,
+    pub(crate) aux_pool: Option<BufferPool>,
+    clock: Instant,
+    now_ms: u64,
+}
+
+impl CoreCtx {
+    pub fn new(group: usize, info: Arc<TargetInfo>) -> Self {
+        Self {
+            group,
+            info,
+            subsystems: HashMap::new(),
+            by_nqn: HashMap::new(),
+            controllers: HashMap::new(),
+            draining: Vec::new(),
+            wakeups: Vec::with_capacity(256),
+            aux_pool: None,
+            clock: Instant::now(),
+            now_ms: 0,
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    pub(crate) fn subsystem_by_nqn(&self, nqn: &str) -> Option<&GroupSubsystem> {
+        self.by_nqn.get(nqn).and_then(|id| self.subsystems.get(id))
+    }
+
+    pub(crate) fn subsystem_configs(&self) -> impl Iterator<Item = &Arc<SubsystemConfig>> {
+        self.subsystems.values().map(|s| &s.config)
+    }
+
+    /// Installs a new snapshot of a subsystem on this reactor: opens channels for namespaces
+    /// that appeared, drains the ones that went, and tells this reactor's controllers of the
+    /// subsystem which namespaces changed (Asynchronous Event, Changed Namespace List).
+    pub fn update_subsystem(&mut self, config: Arc<SubsystemConfig>) {
+        let id = config.id;
+        let mut old = self.subsystems.remove(&id);
+        let mut namespaces = HashMap::new();
+        let mut changed = Vec::new();
+        for (&nsid, ns) in &config.namespaces {
+            let kept = old.as_mut().and_then(|o| {
+                let same = o
+                    .namespaces
+                    .get(&nsid)
+                    .is_some_and(|g| Arc::ptr_eq(&g.ns, ns));
+                same.then(|| o.namespaces.remove(&nsid)).flatten()
+            });
+            let group_ns = match kept {
+                Some(g) => g,
+                None => {
+                    changed.push(nsid);
+                    match ns.bdev.open_channel() {
+                        Ok(channel) => GroupNamespace {
+                            ns: Arc::clone(ns),
+                            channel,
+                            retry: VecDeque::new(),
+                        },
+                        Err(e) => {
+                            tracing::error!(nsid, bdev = ns.bdev.name(), "cannot open bdev channel: {e}");
+                            continue;
+                        }
+                    }
+                }
+            };
+            namespaces.insert(nsid, group_ns);
+        }
+        if let Some(old) = old {
+            if old.config.nqn != config.nqn {
+                self.by_nqn.remove(&old.config.nqn);
+            }
+            for (nsid, gone) in old.namespaces {
+                changed.push(nsid);
+                self.retire_namespace(gone);
+            }
+        }
+        self.by_nqn.insert(config.nqn.clone(), id);
+        self.subsystems.insert(id, GroupSubsystem { config, namespaces });
+        if !changed.is_empty() {
+            self.notify_namespace_change(id, &changed);
+        }
+        self.notify_discovery_change();
+    }
+
+    /// Discovery controllers that asked for it learn that the log may have changed.
+    fn notify_discovery_change(&mut self) {
+        let keys: Vec<_> = self
+            .controllers
+            .iter()
+            .filter(|(_, c)| c.shared.kind == SubsystemKind::Discovery)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            cmd::admin::raise_discovery_notice(self, key);
+        }
+    }
+
+    /// Drops a subsystem from this reactor: its controllers fail (their queues disconnect),
+    /// its namespaces drain.
+    pub fn remove_subsystem(&mut self, id: SubsystemId) {
+        let Some(old) = self.subsystems.remove(&id) else {
+            return;
+        };
+        self.by_nqn.remove(&old.config.nqn);
+        for ctrl in old.config.shared.controllers() {
+            ctrl.fail();
+        }
+        for (_, gone) in old.namespaces {
+            self.retire_namespace(gone);
+        }
+        self.notify_discovery_change();
+    }
+
+    fn retire_namespace(&mut self, gone: GroupNamespace) {
+        if gone.channel.in_flight() > 0 || !gone.retry.is_empty() {
+            self.draining.push(gone);
+        }
+    }
+
+    fn notify_namespace_change(&mut self, id: SubsystemId, nsids: &[u32]) {
+        let keys: Vec<_> = self
+            .controllers
+            .keys()
+            .filter(|(sid, _)| *sid == id)
+            .copied()
+            .collect();
+        for key in keys {
+            if let Some(ctrl) = self.controllers.get_mut(&key) {
+                for &nsid in nsids {
+                    ctrl.note_changed_namespace(nsid);
+                }
+            }
+            cmd::admin::raise_namespace_notice(self, key);
+        }
+    }
+
+    /// Step 1 of every command: parse and validate, decide the data phase.
+    pub fn prepare(&mut self, q: &mut QueueState, req: &mut Request) -> Prepared {
+        req.rsp.cid = req.cmd.cid;
+        req.rsp.sq_id.set(q.qid);
+        req.rsp.sq_head.set(q.advance_sq_head());
+        let decided = if req.cmd.opcode == FABRICS_OPCODE {
+            cmd::fabrics::prepare(self, q, req)
+        } else if !q.is_connected() {
+            Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr())
+        } else if q.is_admin() {
+            cmd::admin::prepare(self, q, req)
+        } else {
+            cmd::io::prepare(self, q, req)
+        };
+        match decided {
+            Ok(prepared) => {
+                if let Prepared::Data { dir, len } = prepared {
+                    req.dir = dir;
+                    req.len = len;
+                }
+                prepared
+            }
+            Err(status) => {
+                self.note_error(q, req, status);
+                req.complete(status);
+                Prepared::Complete
+            }
+        }
+    }
+
+    /// Step 2: run the command. Host data, if any, is in `req.data`.
+    pub fn execute(&mut self, q: &mut QueueState, req: &mut Request) -> Exec {
+        let exec = if req.cmd.opcode == FABRICS_OPCODE {
+            cmd::fabrics::execute(self, q, req)
+        } else if q.is_admin() {
+            cmd::admin::execute(self, q, req)
+        } else {
+            cmd::io::execute(self, q, req)
+        };
+        self.after(q, req, exec)
+    }
+
+    /// Step 2 again, for a request that was pending.
+    pub fn resume(&mut self, q: &mut QueueState, req: &mut Request, wakeup: Wakeup) -> Exec {
+        let exec = match wakeup {
+            Wakeup::Bdev(done) => cmd::io::on_bdev_complete(self, q, req, done),
+            Wakeup::Finished { status, dw0 } => {
+                req.complete_with(status, dw0);
+                Exec::Complete
+            }
+            Wakeup::Aborted(status) => req.fail(status),
+        };
+        self.after(q, req, exec)
+    }
+
+    fn after(&mut self, q: &QueueState, req: &Request, exec: Exec) -> Exec {
+        if exec == Exec::Complete {
+            let status = req.status();
+            if !status.is_success() {
+                self.note_error(q, req, status);
+            }
+        }
+        exec
+    }
+
+    fn note_error(&mut self, q: &QueueState, req: &Request, status: Status) {
+        let Some(ctrl) = &q.ctrl else { return };
+        let key = (ctrl.subsystem_id, ctrl.cntlid);
+        if let Some(local) = self.controllers.get_mut(&key) {
+            cmd::admin::record_error(local, q.qid, req, status);
+        }
+    }
+
+    /// A queue pair is gone (host disconnect, transport error, teardown). Releases its queue
+    /// id; when it was an admin queue, the controller goes with it.
+    pub fn queue_closed(&mut self, q: &mut QueueState) {
+        let Some(ctrl) = q.ctrl.take() else { return };
+        if q.is_admin() {
+            ctrl.fail();
+            let key = (ctrl.subsystem_id, ctrl.cntlid);
+            if let Some(mut local) = self.controllers.remove(&key) {
+                for tag in local.outstanding_aers.drain(..) {
+                    self.wake(tag, Wakeup::Aborted(Status::ABORTED_SQ_DELETION));
+                }
+            }
+            if let Some(sub) = self.subsystems.get(&ctrl.subsystem_id) {
+                sub.config.shared.remove_controller(ctrl.cntlid);
+            }
+            tracing::info!(cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, hostnqn = %ctrl.hostnqn, "controller destroyed");
+        } else {
+            ctrl.release_qid(q.qid);
+        }
+    }
+
+    pub(crate) fn wake(&mut self, tag: ReqTag, wakeup: Wakeup) {
+        self.wakeups.push((tag, wakeup));
+    }
+
+    /// Moves the wakeups owed so far into `out` (which the caller keeps for reuse).
+    pub fn take_wakeups(&mut self, out: &mut Vec<(ReqTag, Wakeup)>) {
+        std::mem::swap(&mut self.wakeups, out);
+    }
+
+    pub fn has_wakeups(&self) -> bool {
+        !self.wakeups.is_empty()
+    }
+
+    /// Polls bdev channels, retries refused I/O and runs timers. Returns work done.
+    pub fn poll(&mut self) -> usize {
+        self.now_ms = self.clock.elapsed().as_millis() as u64;
+        let mut work = 0;
+        let wakeups = &mut self.wakeups;
+        for sub in self.subsystems.values_mut() {
+            for gns in sub.namespaces.values_mut() {
+                work += poll_namespace(gns, wakeups);
+            }
+        }
+        for gns in &mut self.draining {
+            work += poll_namespace(gns, wakeups);
+        }
+        self.draining
+            .retain(|g| g.channel.in_flight() > 0 || !g.retry.is_empty());
+        work + self.check_keep_alive()
+    }
+
+    fn check_keep_alive(&mut self) -> usize {
+        let now = self.now_ms;
+        let mut expired = 0;
+        for local in self.controllers.values() {
+            let ctrl = &local.shared;
+            if !ctrl.is_failed() && ctrl.keep_alive_expired(now) {
+                tracing::warn!(cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, hostnqn = %ctrl.hostnqn,
+                    kato_ms = ctrl.kato_ms(), "keep alive timeout: controller failed");
+                ctrl.fail();
+                expired += 1;
+            }
+        }
+        expired
+    }
+
+    /// Submits an I/O to a namespace's channel, queueing it if the channel is busy.
+    pub(crate) fn submit_io(&mut self, subsystem: SubsystemId, nsid: u32, io: BdevIo) -> Result<(), Status> {
+        let gns = self
+            .subsystems
+            .get_mut(&subsystem)
+            .and_then(|s| s.namespaces.get_mut(&nsid))
+            .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+        if !gns.retry.is_empty() {
+            gns.retry.push_back(io);
+            return Ok(());
+        }
+        if let Err(io) = gns.channel.submit(io) {
+            gns.retry.push_back(io);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn namespace(&self, subsystem: SubsystemId, nsid: u32) -> Option<&Arc<Namespace>> {
+        self.subsystems
+            .get(&subsystem)
+            .and_then(|s| s.namespaces.get(&nsid))
+            .map(|g| &g.ns)
+    }
+
+    pub(crate) fn subsystem(&self, id: SubsystemId) -> Option<&Arc<SubsystemConfig>> {
+        self.subsystems.get(&id).map(|s| &s.config)
+    }
+
+    /// I/O still in flight on this reactor's channels (for orderly shutdown).
+    pub fn io_in_flight(&self) -> usize {
+        let live: usize = self
+            .subsystems
+            .values()
+            .flat_map(|s| s.namespaces.values())
+            .map(|g| g.channel.in_flight() + g.retry.len())
+            .sum();
+        live + self
+            .draining
+            .iter()
+            .map(|g| g.channel.in_flight() + g.retry.len())
+            .sum::<usize>()
+    }
+}
+
+fn poll_namespace(gns: &mut GroupNamespace, wakeups: &mut Vec<(ReqTag, Wakeup)>) -> usize {
+    let done = gns.channel.poll(&mut |c| wakeups.push((ReqTag(c.tag), Wakeup::Bdev(c))));
+    while let Some(io) = gns.retry.pop_front() {
+        if let Err(io) = gns.channel.submit(io) {
+            gns.retry.push_front(io);
+            break;
+        }
+    }
+    done
+}

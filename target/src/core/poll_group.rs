@@ -1,0 +1,134 @@
+//! A reactor's unit of work: the core context plus one poll group per transport. One `poll`
+//! is one turn of the reactor loop: transports take in capsules and reap work completions,
+//! bdev channels report finished I/O, and the wakeups those produced go back to the
+//! transports that own the waiting requests.
+
+use std::sync::Arc;
+
+use crossbeam::queue::SegQueue;
+
+use crate::core::request::{ReqTag, Wakeup};
+use crate::core::{CoreCtx, TargetInfo};
+use crate::transport::TransportPollGroup;
+
+const SHUTDOWN_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Work sent to a poll group from another thread (configuration changes, new qpairs). It runs
+/// on the poll group's reactor between two turns, with exclusive access.
+pub type PollGroupMsg = Box<dyn FnOnce(&mut PollGroup) + Send>;
+
+/// The sending side of a poll group's message queue: lock-free, cloneable, `Send`.
+#[derive(Clone)]
+pub struct PollGroupHandle {
+    index: usize,
+    inbox: Arc<SegQueue<PollGroupMsg>>,
+}
+
+impl PollGroupHandle {
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    pub fn send(&self, msg: impl FnOnce(&mut PollGroup) + Send + 'static) {
+        self.inbox.push(Box::new(msg));
+    }
+}
+
+pub struct PollGroup {
+    pub core: CoreCtx,
+    inbox: Arc<SegQueue<PollGroupMsg>>,
+    transports: Vec<Box<dyn TransportPollGroup>>,
+    /// Swapped with the core's wakeup list each turn, so dispatch allocates nothing.
+    spare_wakeups: Vec<(ReqTag, Wakeup)>,
+}
+
+impl PollGroup {
+    pub fn new(index: usize, info: Arc<TargetInfo>) -> Self {
+        Self {
+            core: CoreCtx::new(index, info),
+            inbox: Arc::new(SegQueue::new()),
+            transports: Vec::new(),
+            spare_wakeups: Vec::with_capacity(256),
+        }
+    }
+
+    pub fn handle(&self) -> PollGroupHandle {
+        PollGroupHandle {
+            index: self.core.group,
+            inbox: Arc::clone(&self.inbox),
+        }
+    }
+
+    /// Runs the messages that arrived since the last turn.
+    pub fn drain_messages(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(msg) = self.inbox.pop() {
+            msg(self);
+            n += 1;
+        }
+        n
+    }
+
+    /// Adds a transport's poll group; its index is what it must put in its request tags.
+    pub fn add_transport(
+        &mut self,
+        make: impl FnOnce(u8) -> Box<dyn TransportPollGroup>,
+    ) -> usize {
+        let index = self.transports.len();
+        assert!(index < 256, "a reactor polls at most 256 transports");
+        self.transports.push(make(index as u8));
+        index
+    }
+
+    pub fn transport_mut(&mut self, index: usize) -> Option<&mut (dyn TransportPollGroup + 'static)> {
+        self.transports.get_mut(index).map(|t| t.as_mut())
+    }
+
+    pub fn qpair_count(&self) -> usize {
+        self.transports.iter().map(|t| t.qpair_count()).sum()
+    }
+
+    /// One turn of the reactor loop; returns how much work was done (0 = idle).
+    pub fn poll(&mut self) -> usize {
+        let mut work = self.drain_messages();
+        for t in &mut self.transports {
+            work += t.poll(&mut self.core);
+        }
+        work += self.core.poll();
+        while self.core.has_wakeups() {
+            work += self.dispatch_wakeups();
+        }
+        work
+    }
+
+    fn dispatch_wakeups(&mut self) -> usize {
+        let mut batch = std::mem::take(&mut self.spare_wakeups);
+        self.core.take_wakeups(&mut batch);
+        let n = batch.len();
+        for (tag, wakeup) in batch.drain(..) {
+            match self.transports.get_mut(tag.transport_group()) {
+                Some(t) => t.resume(tag, wakeup, &mut self.core),
+                None => tracing::error!(?tag, "wakeup for an unknown transport poll group"),
+            }
+        }
+        self.spare_wakeups = batch;
+        n
+    }
+
+    /// Disconnects every queue pair (target shutdown), then drains outstanding bdev I/O.
+    pub fn shutdown(&mut self) {
+        for t in &mut self.transports {
+            t.shutdown(&mut self.core);
+        }
+        // Bounded: a backend that never completes (an injected "pending" error) must not
+        // hold the target hostage.
+        let deadline = std::time::Instant::now() + SHUTDOWN_DRAIN_TIMEOUT;
+        while self.core.io_in_flight() > 0 || self.core.has_wakeups() {
+            self.poll();
+            if std::time::Instant::now() > deadline {
+                tracing::warn!(in_flight = self.core.io_in_flight(), "shutdown: abandoning bdev I/O that did not complete");
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The NVMe side of one queue pair: which controller it belongs to, its queue id and depth, the
+//! submission queue head it reports. The transport owns one per qpair and lends it to the core
+//! with every request.
+
+use std::sync::Arc;
+
+use crate::core::controller::ControllerShared;
+use crate::core::subsystem::SubsystemId;
+use crate::transport::TransportLimits;
+
+pub struct QueueState {
+    /// Queue id the transport learned before Connect (RDMA CM private data), if any; Connect
+    /// must name the same one.
+    pub expected_qid: Option<u16>,
+    pub qid: u16,
+    /// Entries in the submission queue (Connect's SQSIZE + 1).
+    pub depth: u16,
+    pub ctrl: Option<Arc<ControllerShared>>,
+    pub subsystem: Option<SubsystemId>,
+    pub limits: TransportLimits,
+    /// Transport-specific description of the peer, for `nvmf_subsystem_get_qpairs`.
+    pub peer: String,
+    sq_head: u16,
+}
+
+impl QueueState {
+    pub fn new(limits: TransportLimits, expected_qid: Option<u16>, peer: String) -> Self {
+        Self {
+            expected_qid,
+            qid: expected_qid.unwrap_or(0),
+            depth: 0,
+            ctrl: None,
+            subsystem: None,
+            limits,
+            peer,
+            sq_head: 0,
+        }
+    }
+
+    pub fn is_admin(&self) -> bool {
+        self.qid == 0
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.ctrl.is_some()
+    }
+
+    /// Consumes one submission queue entry and returns the new head for the completion
+    /// (SQ flow control: the host may reuse the slot once it sees it).
+    pub fn advance_sq_head(&mut self) -> u16 {
+        let depth = self.depth.max(1);
+        self.sq_head = (self.sq_head + 1) % depth;
+        self.sq_head
+    }
+
+    /// The controller has failed, been reset to a fatal state, or torn down: the transport
+    /// should disconnect this queue.
+    pub fn should_disconnect(&self) -> bool {
+        self.ctrl.as_ref().is_some_and(|c| c.is_failed())
+    }
+}

@@ -1,0 +1,264 @@
+//! Subsystems and namespaces as the reactors see them: immutable snapshots.
+//!
+//! The control plane owns the mutable configuration. Each change produces a new
+//! [`SubsystemConfig`] that is sent to every reactor as a message, so the I/O path reads its
+//! configuration without locks. What must be shared across snapshots and reactors (cntlid
+//! allocation, the live controllers an I/O queue connect looks up) lives in [`SubsystemShared`],
+//! touched only on the connect and teardown paths.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nvmf_common::spec::nqn::DISCOVERY_NQN;
+
+use crate::bdev::BdevRef;
+use crate::core::controller::ControllerShared;
+
+/// NN reported by subsystems created without a namespace limit.
+pub const DEFAULT_NN: u32 = 32;
+
+/// A subsystem's identity inside one target, stable for its lifetime (NQNs can be reused after
+/// a delete; ids are not).
+pub type SubsystemId = u32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubsystemKind {
+    Nvm,
+    Discovery,
+}
+
+/// Where a transport listens, in SPDK's terms.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ListenAddress {
+    /// "RDMA", "TCP", "LOOPBACK" (SPDK's trtype spelling, upper case).
+    pub trtype: String,
+    /// "IPv4", "IPv6", "IB", "FC", "INTRA_HOST".
+    pub adrfam: String,
+    pub traddr: String,
+    pub trsvcid: String,
+}
+
+impl std::fmt::Display for ListenAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "trtype:{} adrfam:{} traddr:{} trsvcid:{}",
+            self.trtype, self.adrfam, self.traddr, self.trsvcid
+        )
+    }
+}
+
+/// A namespace: a bdev exported under an NSID with its identifiers.
+pub struct Namespace {
+    pub nsid: u32,
+    pub bdev: BdevRef,
+    pub nguid: [u8; 16],
+    pub uuid: [u8; 16],
+    pub eui64: [u8; 8],
+    pub stats: NsStats,
+}
+
+/// Per-namespace I/O counters, summed over all reactors (relaxed atomics: each reactor only
+/// adds, readers want totals, not a consistent cut).
+#[derive(Debug, Default)]
+pub struct NsStats {
+    read_ops: AtomicU64,
+    write_ops: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    errors: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NsStatsSnapshot {
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub errors: u64,
+}
+
+impl NsStats {
+    pub fn record_read(&self, bytes: u64) {
+        self.read_ops.fetch_add(1, Ordering::Relaxed);
+        self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn record_write(&self, bytes: u64) {
+        self.write_ops.fetch_add(1, Ordering::Relaxed);
+        self.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn record_error(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> NsStatsSnapshot {
+        NsStatsSnapshot {
+            read_ops: self.read_ops.load(Ordering::Relaxed),
+            write_ops: self.write_ops.load(Ordering::Relaxed),
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Namespace {
+    pub fn block_size(&self) -> u32 {
+        self.bdev.block_size()
+    }
+
+    pub fn num_blocks(&self) -> u64 {
+        self.bdev.num_blocks()
+    }
+}
+
+impl std::fmt::Debug for Namespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Namespace")
+            .field("nsid", &self.nsid)
+            .field("bdev", &self.bdev.name())
+            .finish()
+    }
+}
+
+/// State shared by every snapshot of one subsystem and by all reactors.
+pub struct SubsystemShared {
+    /// Live controllers by cntlid: an I/O queue Connect finds its controller here.
+    controllers: Mutex<HashMap<u16, Arc<ControllerShared>>>,
+    next_cntlid: Mutex<u16>,
+    /// Bumped whenever the set of namespaces changes; part of what AERs report.
+    pub ns_generation: AtomicU64,
+}
+
+impl SubsystemShared {
+    pub fn new(min_cntlid: u16) -> Self {
+        Self {
+            controllers: Mutex::new(HashMap::new()),
+            next_cntlid: Mutex::new(min_cntlid),
+            ns_generation: AtomicU64::new(0),
+        }
+    }
+
+    /// Allocates a cntlid in `[min, max]` not used by a live controller and registers the
+    /// controller built for it. `None` when every cntlid is taken.
+    pub fn add_controller(
+        &self,
+        min: u16,
+        max: u16,
+        build: impl FnOnce(u16) -> Arc<ControllerShared>,
+    ) -> Option<Arc<ControllerShared>> {
+        let mut controllers = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = self.next_cntlid.lock().unwrap_or_else(|e| e.into_inner());
+        let span = u32::from(max - min) + 1;
+        for _ in 0..span {
+            let candidate = if (min..=max).contains(&*next) {
+                *next
+            } else {
+                min
+            };
+            *next = if candidate >= max { min } else { candidate + 1 };
+            if !controllers.contains_key(&candidate) {
+                let ctrl = build(candidate);
+                controllers.insert(candidate, Arc::clone(&ctrl));
+                return Some(ctrl);
+            }
+        }
+        None
+    }
+
+    pub fn controller(&self, cntlid: u16) -> Option<Arc<ControllerShared>> {
+        self.controllers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&cntlid)
+            .cloned()
+    }
+
+    pub fn remove_controller(&self, cntlid: u16) {
+        self.controllers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&cntlid);
+    }
+
+    pub fn controllers(&self) -> Vec<Arc<ControllerShared>> {
+        let map = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<_> = map.values().cloned().collect();
+        all.sort_by_key(|c| c.cntlid);
+        all
+    }
+}
+
+/// One immutable view of a subsystem's configuration.
+pub struct SubsystemConfig {
+    pub id: SubsystemId,
+    pub nqn: String,
+    pub kind: SubsystemKind,
+    pub serial_number: String,
+    pub model_number: String,
+    pub allow_any_host: bool,
+    pub hosts: Vec<String>,
+    pub listeners: Vec<ListenAddress>,
+    pub namespaces: BTreeMap<u32, Arc<Namespace>>,
+    pub max_namespaces: u32,
+    pub min_cntlid: u16,
+    pub max_cntlid: u16,
+    pub shared: Arc<SubsystemShared>,
+}
+
+impl SubsystemConfig {
+    /// The well-known discovery subsystem every target has.
+    pub fn discovery(id: SubsystemId) -> Self {
+        Self {
+            id,
+            nqn: DISCOVERY_NQN.to_string(),
+            kind: SubsystemKind::Discovery,
+            serial_number: String::new(),
+            model_number: String::new(),
+            allow_any_host: true,
+            hosts: Vec::new(),
+            listeners: Vec::new(),
+            namespaces: BTreeMap::new(),
+            max_namespaces: 0,
+            min_cntlid: 1,
+            max_cntlid: 0xFFEF,
+            shared: Arc::new(SubsystemShared::new(1)),
+        }
+    }
+
+    pub fn host_allowed(&self, hostnqn: &str) -> bool {
+        self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        self.namespaces.get(&nsid)
+    }
+
+    /// Highest NSID the subsystem may hold: Identify Controller's NN. An unlimited subsystem
+    /// (max_namespaces 0, SPDK's default) reports at least 32 or its highest NSID.
+    pub fn max_nsid(&self) -> u32 {
+        let highest = self.namespaces.keys().next_back().copied().unwrap_or(0);
+        if self.max_namespaces == 0 {
+            highest.max(DEFAULT_NN)
+        } else {
+            self.max_namespaces.max(highest)
+        }
+    }
+
+    pub fn ns_generation(&self) -> u64 {
+        self.shared.ns_generation.load(Ordering::Relaxed)
+    }
+}
+
+impl std::fmt::Debug for SubsystemConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubsystemConfig")
+            .field("id", &self.id)
+            .field("nqn", &self.nqn)
+            .field("namespaces", &self.namespaces.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}

@@ -1,0 +1,441 @@
+//! The control plane's view of the target: bdevs, transports and subsystems, mutable, owned by
+//! one control thread. Every change builds a new subsystem snapshot and sends it to each poll
+//! group as a message, so reactors never share a lock with the control plane.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use nvmf_common::spec::nqn::{validate_nqn, DISCOVERY_NQN};
+
+use crate::bdev::{BdevError, BdevRegistry};
+use crate::core::subsystem::{
+    ListenAddress, Namespace, NsStats, SubsystemConfig, SubsystemId, SubsystemKind,
+    SubsystemShared,
+};
+use crate::core::{PollGroupHandle, TargetInfo};
+use crate::transport::Transport;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("invalid NQN {nqn:?}: {reason}")]
+    InvalidNqn { nqn: String, reason: String },
+    #[error("subsystem {0} already exists")]
+    SubsystemExists(String),
+    #[error("no subsystem with NQN {0}")]
+    NoSubsystem(String),
+    #[error("the discovery subsystem cannot be changed this way")]
+    DiscoverySubsystem,
+    #[error("invalid parameter: {0}")]
+    Invalid(String),
+    #[error("NSID {0} is already in use")]
+    NsidInUse(u32),
+    #[error("no namespace with NSID {0}")]
+    NoNamespace(u32),
+    #[error("subsystem {0} has no free NSID")]
+    NoFreeNsid(String),
+    #[error("host {0} already allowed")]
+    HostExists(String),
+    #[error("host {0} not found")]
+    NoHost(String),
+    #[error("listener {0} already exists")]
+    ListenerExists(String),
+    #[error("listener {0} not found")]
+    NoListener(String),
+    #[error("transport {0} already exists")]
+    TransportExists(String),
+    #[error("transport {0} does not exist; create it with nvmf_create_transport")]
+    NoTransport(String),
+    #[error("cannot listen on {addr}: {reason}")]
+    Listen { addr: String, reason: String },
+    #[error(transparent)]
+    Bdev(#[from] BdevError),
+}
+
+impl TargetError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            TargetError::SubsystemExists(_)
+            | TargetError::NsidInUse(_)
+            | TargetError::HostExists(_)
+            | TargetError::ListenerExists(_)
+            | TargetError::TransportExists(_) => libc::EEXIST,
+            TargetError::NoSubsystem(_)
+            | TargetError::NoNamespace(_)
+            | TargetError::NoHost(_)
+            | TargetError::NoListener(_) => libc::ENOENT,
+            TargetError::NoFreeNsid(_) => libc::ENOSPC,
+            TargetError::Listen { .. } => libc::EADDRNOTAVAIL,
+            TargetError::Bdev(e) => e.errno(),
+            _ => libc::EINVAL,
+        }
+    }
+}
+
+impl From<TargetError> for nvmf_rpc::RpcError {
+    fn from(e: TargetError) -> Self {
+        nvmf_rpc::RpcError::errno(e.errno(), e.to_string())
+    }
+}
+
+/// The mutable configuration of one subsystem.
+#[derive(Clone)]
+pub struct SubsystemState {
+    pub id: SubsystemId,
+    pub nqn: String,
+    pub kind: SubsystemKind,
+    pub serial_number: String,
+    pub model_number: String,
+    pub allow_any_host: bool,
+    pub hosts: Vec<String>,
+    pub listeners: Vec<ListenAddress>,
+    pub namespaces: BTreeMap<u32, Arc<Namespace>>,
+    pub max_namespaces: u32,
+    pub min_cntlid: u16,
+    pub max_cntlid: u16,
+    pub ana_reporting: bool,
+    pub shared: Arc<SubsystemShared>,
+}
+
+impl SubsystemState {
+    pub fn snapshot(&self) -> Arc<SubsystemConfig> {
+        Arc::new(SubsystemConfig {
+            id: self.id,
+            nqn: self.nqn.clone(),
+            kind: self.kind,
+            serial_number: self.serial_number.clone(),
+            model_number: self.model_number.clone(),
+            allow_any_host: self.allow_any_host,
+            hosts: self.hosts.clone(),
+            listeners: self.listeners.clone(),
+            namespaces: self.namespaces.clone(),
+            max_namespaces: self.max_namespaces,
+            min_cntlid: self.min_cntlid,
+            max_cntlid: self.max_cntlid,
+            shared: Arc::clone(&self.shared),
+        })
+    }
+}
+
+/// What `create_subsystem` takes, with SPDK's defaults.
+#[derive(Debug, Clone)]
+pub struct SubsystemOptions {
+    pub serial_number: String,
+    pub model_number: String,
+    pub allow_any_host: bool,
+    pub max_namespaces: u32,
+    pub min_cntlid: u16,
+    pub max_cntlid: u16,
+    pub ana_reporting: bool,
+}
+
+impl Default for SubsystemOptions {
+    fn default() -> Self {
+        Self {
+            serial_number: "00000000000000000000".into(),
+            model_number: "SPDK bdev Controller".into(),
+            allow_any_host: false,
+            max_namespaces: 0,
+            min_cntlid: 1,
+            max_cntlid: 0xFFEF,
+            ana_reporting: false,
+        }
+    }
+}
+
+/// What `add_namespace` takes; zero identifiers mean "derive from the bdev" as SPDK does.
+#[derive(Debug, Clone, Default)]
+pub struct NamespaceOptions {
+    pub bdev_name: String,
+    pub nsid: Option<u32>,
+    pub nguid: Option<[u8; 16]>,
+    pub uuid: Option<[u8; 16]>,
+    pub eui64: Option<[u8; 8]>,
+}
+
+pub struct Target {
+    pub info: Arc<TargetInfo>,
+    pub bdevs: BdevRegistry,
+    subsystems: BTreeMap<String, SubsystemState>,
+    transports: Vec<Arc<dyn Transport>>,
+    poll_groups: Vec<PollGroupHandle>,
+    next_id: SubsystemId,
+}
+
+impl Target {
+    pub fn new(info: Arc<TargetInfo>) -> Self {
+        let mut target = Self {
+            info,
+            bdevs: BdevRegistry::new(),
+            subsystems: BTreeMap::new(),
+            transports: Vec::new(),
+            poll_groups: Vec::new(),
+            next_id: 1,
+        };
+        let discovery = SubsystemConfig::discovery(0);
+        target.subsystems.insert(
+            DISCOVERY_NQN.to_string(),
+            SubsystemState {
+                id: 0,
+                nqn: discovery.nqn.clone(),
+                kind: SubsystemKind::Discovery,
+                serial_number: String::new(),
+                model_number: String::new(),
+                allow_any_host: true,
+                hosts: Vec::new(),
+                listeners: Vec::new(),
+                namespaces: BTreeMap::new(),
+                max_namespaces: 0,
+                min_cntlid: discovery.min_cntlid,
+                max_cntlid: discovery.max_cntlid,
+                ana_reporting: false,
+                shared: Arc::clone(&discovery.shared),
+            },
+        );
+        target
+    }
+
+    /// Registers a poll group and sends it the current configuration.
+    pub fn add_poll_group(&mut self, handle: PollGroupHandle) {
+        for sub in self.subsystems.values() {
+            let snapshot = sub.snapshot();
+            handle.send(move |pg| pg.core.update_subsystem(snapshot));
+        }
+        self.poll_groups.push(handle);
+    }
+
+    pub fn poll_groups(&self) -> &[PollGroupHandle] {
+        &self.poll_groups
+    }
+
+    fn publish(&self, nqn: &str) {
+        let Some(sub) = self.subsystems.get(nqn) else { return };
+        self.info.bump_discovery_generation();
+        for pg in &self.poll_groups {
+            let snapshot = sub.snapshot();
+            pg.send(move |pg| pg.core.update_subsystem(snapshot));
+        }
+    }
+
+    pub fn subsystems(&self) -> impl Iterator<Item = &SubsystemState> {
+        self.subsystems.values()
+    }
+
+    pub fn subsystem(&self, nqn: &str) -> Result<&SubsystemState, TargetError> {
+        self.subsystems
+            .get(nqn)
+            .ok_or_else(|| TargetError::NoSubsystem(nqn.to_string()))
+    }
+
+    fn subsystem_mut(&mut self, nqn: &str) -> Result<&mut SubsystemState, TargetError> {
+        match self.subsystems.get_mut(nqn) {
+            Some(s) if s.kind == SubsystemKind::Discovery => Err(TargetError::DiscoverySubsystem),
+            Some(s) => Ok(s),
+            None => Err(TargetError::NoSubsystem(nqn.to_string())),
+        }
+    }
+
+    pub fn create_subsystem(&mut self, nqn: &str, opts: SubsystemOptions) -> Result<(), TargetError> {
+        validate_nqn(nqn).map_err(|e| TargetError::InvalidNqn {
+            nqn: nqn.to_string(),
+            reason: e.to_string(),
+        })?;
+        if self.subsystems.contains_key(nqn) {
+            return Err(TargetError::SubsystemExists(nqn.to_string()));
+        }
+        check_ascii_field("serial_number", &opts.serial_number, 20)?;
+        check_ascii_field("model_number", &opts.model_number, 40)?;
+        if opts.min_cntlid == 0 || opts.min_cntlid > opts.max_cntlid || opts.max_cntlid > 0xFFEF {
+            return Err(TargetError::Invalid(format!(
+                "cntlid range {}..={} must lie within 1..=65519",
+                opts.min_cntlid, opts.max_cntlid
+            )));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.subsystems.insert(
+            nqn.to_string(),
+            SubsystemState {
+                id,
+                nqn: nqn.to_string(),
+                kind: SubsystemKind::Nvm,
+                serial_number: opts.serial_number,
+                model_number: opts.model_number,
+                allow_any_host: opts.allow_any_host,
+                hosts: Vec::new(),
+                listeners: Vec::new(),
+                namespaces: BTreeMap::new(),
+                max_namespaces: opts.max_namespaces,
+                min_cntlid: opts.min_cntlid,
+                max_cntlid: opts.max_cntlid,
+                ana_reporting: opts.ana_reporting,
+                shared: Arc::new(SubsystemShared::new(opts.min_cntlid)),
+            },
+        );
+        self.publish(nqn);
+        Ok(())
+    }
+
+    /// Deletes a subsystem: its controllers fail (hosts see the queues close), its bdevs are
+    /// released, its listeners stop if no other subsystem uses them.
+    pub fn delete_subsystem(&mut self, nqn: &str) -> Result<(), TargetError> {
+        self.subsystem_mut(nqn)?;
+        let sub = self.subsystems.remove(nqn).expect("checked above");
+        for ns in sub.namespaces.values() {
+            self.bdevs.release(ns.bdev.name());
+        }
+        for addr in &sub.listeners {
+            self.stop_listen_if_unused(addr);
+        }
+        self.info.bump_discovery_generation();
+        let id = sub.id;
+        for pg in &self.poll_groups {
+            pg.send(move |pg| pg.core.remove_subsystem(id));
+        }
+        Ok(())
+    }
+
+    pub fn add_namespace(&mut self, nqn: &str, opts: NamespaceOptions) -> Result<u32, TargetError> {
+        let sub = self.subsystem_mut(nqn)?;
+        let limit = if sub.max_namespaces == 0 { u32::MAX - 1 } else { sub.max_namespaces };
+        let nsid = match opts.nsid {
+            Some(0) | None => (1..=limit)
+                .find(|n| !sub.namespaces.contains_key(n))
+                .ok_or_else(|| TargetError::NoFreeNsid(nqn.to_string()))?,
+            Some(n) if n > limit || n == u32::MAX => {
+                return Err(TargetError::Invalid(format!("NSID {n} exceeds max_namespaces {limit}")))
+            }
+            Some(n) if sub.namespaces.contains_key(&n) => return Err(TargetError::NsidInUse(n)),
+            Some(n) => n,
+        };
+        let user = format!("{nqn} nsid {nsid}");
+        let bdev = self.bdevs.claim(&opts.bdev_name, &user)?;
+        let uuid = opts.uuid.unwrap_or_else(|| bdev.uuid());
+        let ns = Arc::new(Namespace {
+            nsid,
+            nguid: opts.nguid.unwrap_or(uuid),
+            uuid,
+            eui64: opts.eui64.unwrap_or_default(),
+            bdev,
+            stats: NsStats::default(),
+        });
+        let sub = self.subsystem_mut(nqn)?;
+        sub.namespaces.insert(nsid, ns);
+        self.publish(nqn);
+        Ok(nsid)
+    }
+
+    pub fn remove_namespace(&mut self, nqn: &str, nsid: u32) -> Result<(), TargetError> {
+        let sub = self.subsystem_mut(nqn)?;
+        let ns = sub.namespaces.remove(&nsid).ok_or(TargetError::NoNamespace(nsid))?;
+        self.bdevs.release(ns.bdev.name());
+        self.publish(nqn);
+        Ok(())
+    }
+
+    pub fn add_host(&mut self, nqn: &str, host: &str) -> Result<(), TargetError> {
+        validate_nqn(host).map_err(|e| TargetError::InvalidNqn {
+            nqn: host.to_string(),
+            reason: e.to_string(),
+        })?;
+        let sub = self.subsystem_mut(nqn)?;
+        if sub.hosts.iter().any(|h| h == host) {
+            return Err(TargetError::HostExists(host.to_string()));
+        }
+        sub.hosts.push(host.to_string());
+        self.publish(nqn);
+        Ok(())
+    }
+
+    pub fn remove_host(&mut self, nqn: &str, host: &str) -> Result<(), TargetError> {
+        let sub = self.subsystem_mut(nqn)?;
+        let before = sub.hosts.len();
+        sub.hosts.retain(|h| h != host);
+        if sub.hosts.len() == before {
+            return Err(TargetError::NoHost(host.to_string()));
+        }
+        self.publish(nqn);
+        Ok(())
+    }
+
+    pub fn allow_any_host(&mut self, nqn: &str, allow: bool) -> Result<(), TargetError> {
+        self.subsystem_mut(nqn)?.allow_any_host = allow;
+        self.publish(nqn);
+        Ok(())
+    }
+
+    pub fn add_transport(&mut self, transport: Arc<dyn Transport>) -> Result<(), TargetError> {
+        if self.transport(transport.trtype()).is_some() {
+            return Err(TargetError::TransportExists(transport.trtype().to_string()));
+        }
+        self.transports.push(transport);
+        Ok(())
+    }
+
+    pub fn transport(&self, trtype: &str) -> Option<&Arc<dyn Transport>> {
+        self.transports
+            .iter()
+            .find(|t| t.trtype().eq_ignore_ascii_case(trtype))
+    }
+
+    pub fn transports(&self) -> &[Arc<dyn Transport>] {
+        &self.transports
+    }
+
+    pub fn add_listener(&mut self, nqn: &str, addr: ListenAddress) -> Result<(), TargetError> {
+        if self.subsystem(nqn)?.listeners.contains(&addr) {
+            return Err(TargetError::ListenerExists(addr.to_string()));
+        }
+        let transport = self
+            .transport(&addr.trtype)
+            .ok_or_else(|| TargetError::NoTransport(addr.trtype.clone()))?;
+        transport.listen(&addr).map_err(|reason| TargetError::Listen {
+            addr: addr.to_string(),
+            reason,
+        })?;
+        let sub = self
+            .subsystems
+            .get_mut(nqn)
+            .ok_or_else(|| TargetError::NoSubsystem(nqn.to_string()))?;
+        sub.listeners.push(addr);
+        self.publish(nqn);
+        Ok(())
+    }
+
+    /// Removes a listener; the subsystem's controllers fail so their hosts reconnect through
+    /// a listener that still exists (or learn the path is gone).
+    pub fn remove_listener(&mut self, nqn: &str, addr: &ListenAddress) -> Result<(), TargetError> {
+        let sub = self
+            .subsystems
+            .get_mut(nqn)
+            .ok_or_else(|| TargetError::NoSubsystem(nqn.to_string()))?;
+        let before = sub.listeners.len();
+        sub.listeners.retain(|l| l != addr);
+        if sub.listeners.len() == before {
+            return Err(TargetError::NoListener(addr.to_string()));
+        }
+        for ctrl in sub.shared.controllers() {
+            ctrl.fail();
+        }
+        self.stop_listen_if_unused(addr);
+        self.publish(nqn);
+        Ok(())
+    }
+
+    fn stop_listen_if_unused(&self, addr: &ListenAddress) {
+        let used = self.subsystems.values().any(|s| s.listeners.contains(addr));
+        if !used {
+            if let Some(t) = self.transport(&addr.trtype) {
+                t.stop_listen(addr);
+            }
+        }
+    }
+}
+
+fn check_ascii_field(name: &str, value: &str, max: usize) -> Result<(), TargetError> {
+    if value.len() > max || !value.bytes().all(|b| (0x20..0x7F).contains(&b)) {
+        return Err(TargetError::Invalid(format!(
+            "{name} must be at most {max} printable ASCII characters"
+        )));
+    }
+    Ok(())
+}

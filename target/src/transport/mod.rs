@@ -1,0 +1,91 @@
+//! Transports: how capsules and data reach the core. The core never names a transport type;
+//! it sees [`TransportLimits`] (what Identify and CAP report) and the [`TransportPollGroup`]
+//! each reactor polls.
+//!
+//! A transport poll group owns its queue pairs and their requests. For each command capsule it
+//! calls `CoreCtx::prepare`, attaches a data buffer and moves host data in when asked, calls
+//! `CoreCtx::execute`, and on [`Exec::Complete`](crate::core::request::Exec) moves data out and
+//! sends the response. A pending request comes back through `resume` with the core's wakeup.
+
+use std::any::Any;
+
+use crate::core::request::{ReqTag, Wakeup};
+use crate::core::CoreCtx;
+
+pub mod loopback;
+
+/// What a transport can do, as the controller reports it to hosts. Values follow SPDK's
+/// `nvmf_create_transport` parameters and defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransportLimits {
+    /// NVMe-oF transport type code (Discovery Log TRTYPE): RDMA 1, TCP 3, intra-host 254.
+    pub trtype: u8,
+    /// Largest I/O queue depth (CAP.MQES + 1).
+    pub max_queue_depth: u16,
+    /// Largest admin queue depth.
+    pub max_aq_depth: u16,
+    /// Admin queue included, as SPDK counts.
+    pub max_qpairs_per_ctrl: u16,
+    /// Bytes of data a command capsule may carry (IOCCSZ = 4 + this / 16).
+    pub in_capsule_data_size: u32,
+    /// Largest single transfer (MDTS).
+    pub max_io_size: u32,
+    /// Data SGL descriptors per command (MSDBD).
+    pub msdbd: u8,
+}
+
+impl TransportLimits {
+    pub const DEFAULT_RDMA: Self = Self {
+        trtype: 1,
+        max_queue_depth: 128,
+        max_aq_depth: 128,
+        max_qpairs_per_ctrl: 128,
+        in_capsule_data_size: 4096,
+        max_io_size: 131_072,
+        msdbd: 1,
+    };
+
+    /// MDTS as Identify Controller encodes it: a power of two in units of the 4 KiB minimum
+    /// memory page size.
+    pub fn mdts(&self) -> u8 {
+        let pages = (self.max_io_size / 4096).max(1);
+        pages.ilog2() as u8
+    }
+
+    /// The largest transfer MDTS lets a host send: a power of two, never above max_io_size.
+    pub fn max_transfer(&self) -> u32 {
+        4096u32 << self.mdts()
+    }
+}
+
+/// One reactor's share of a transport.
+pub trait TransportPollGroup {
+    /// Receives capsules, advances requests, reaps work completions. Never blocks.
+    fn poll(&mut self, core: &mut CoreCtx) -> usize;
+
+    /// The core finished waiting for the request `tag` (issued by this group).
+    fn resume(&mut self, tag: ReqTag, wakeup: Wakeup, core: &mut CoreCtx);
+
+    /// Connected (or connecting) queue pairs, for load balancing.
+    fn qpair_count(&self) -> usize;
+
+    /// Disconnects every queue pair now (target shutdown).
+    fn shutdown(&mut self, core: &mut CoreCtx);
+
+    /// Transport-specific messages (new qpairs from an acceptor, ...).
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A transport as the control plane sees it: created by `nvmf_create_transport`, listening
+/// on the addresses listeners name.
+pub trait Transport: Send + Sync {
+    /// SPDK's trtype spelling: "RDMA", "TCP", "LOOPBACK".
+    fn trtype(&self) -> &'static str;
+    fn limits(&self) -> TransportLimits;
+    /// Starts accepting connections on `addr`. Idempotent per address.
+    fn listen(&self, addr: &crate::core::subsystem::ListenAddress) -> Result<(), String>;
+    fn stop_listen(&self, addr: &crate::core::subsystem::ListenAddress);
+    /// The `nvmf_create_transport` parameters that recreate it (for `save_config`) and that
+    /// `nvmf_get_transports` reports.
+    fn options(&self) -> serde_json::Value;
+}
