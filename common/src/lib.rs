@@ -3,4 +3,6 @@
 #![deny(unsafe_code)]
 
 pub mod buffer;
+#[allow(unsafe_code)] pub mod rdma;
+pub mod reactor;
 pub mod spec;

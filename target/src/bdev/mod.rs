@@ -18,9 +18,26 @@ use std::sync::Arc;
 
 use nvmf_common::buffer::IoBuf;
 
+pub mod aio;
+pub mod delay;
+pub mod error_inject;
+mod file;
+pub mod malloc;
+pub mod null;
 pub mod registry;
+pub mod uring;
+pub mod util;
 
+#[cfg(test)]
+mod testutil;
+
+pub use aio::AioBdev;
+pub use delay::DelayBdev;
+pub use error_inject::ErrorBdev;
+pub use malloc::MallocBdev;
+pub use null::NullBdev;
 pub use registry::BdevRegistry;
+pub use uring::UringBdev;
 
 /// What an I/O asks of the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

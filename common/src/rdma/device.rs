@@ -1,0 +1,565 @@
+//! RDMA devices and their verbs contexts: listing, opening, and the `query_*` verbs.
+
+use std::ffi::CStr;
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use super::error::{errno_from_ret, last_errno, RdmaError, Result};
+use super::sys;
+
+/// The transport a device speaks (`enum ibv_transport_type`). Soft-RoCE (rxe) reports
+/// `InfiniBand`: RoCE is the InfiniBand transport over Ethernet link layer (see
+/// [`PortAttr::link_layer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Unknown,
+    InfiniBand,
+    Iwarp,
+    Usnic,
+    UsnicUdp,
+    Unspecified,
+    /// A value this crate does not know.
+    Other(i32),
+}
+
+impl Transport {
+    fn from_raw(raw: i32) -> Self {
+        use sys::ibv_transport_type as t;
+        match raw {
+            t::IBV_TRANSPORT_UNKNOWN => Self::Unknown,
+            t::IBV_TRANSPORT_IB => Self::InfiniBand,
+            t::IBV_TRANSPORT_IWARP => Self::Iwarp,
+            t::IBV_TRANSPORT_USNIC => Self::Usnic,
+            t::IBV_TRANSPORT_USNIC_UDP => Self::UsnicUdp,
+            t::IBV_TRANSPORT_UNSPECIFIED => Self::Unspecified,
+            other => Self::Other(other),
+        }
+    }
+}
+
+/// A device as `ibv_get_device_list` reports it, without opening it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Kernel name, e.g. `rxe0` or `mlx5_0`.
+    pub name: String,
+    /// Node GUID in host byte order.
+    pub node_guid: u64,
+    pub transport: Transport,
+}
+
+/// Entry point for device discovery.
+pub struct Device;
+
+impl Device {
+    /// Lists the RDMA devices of this host. A host without RDMA support (no `ib_uverbs`
+    /// module, no devices) yields an empty list rather than an error.
+    pub fn list() -> Result<Vec<DeviceInfo>> {
+        let list = DeviceList::get()?;
+        Ok(list.iter().map(device_info).collect())
+    }
+}
+
+/// Owned result of `ibv_get_device_list`, freed on drop.
+struct DeviceList {
+    raw: *mut *mut sys::ibv_device,
+    len: usize,
+}
+
+impl DeviceList {
+    fn get() -> Result<Self> {
+        let mut n: libc::c_int = 0;
+        // SAFETY: `n` is a valid out-pointer; the call has no other preconditions.
+        let raw = unsafe { sys::ibv_get_device_list(&mut n) };
+        if raw.is_null() {
+            let err = last_errno();
+            // No kernel support (ENOSYS) or no devices (ENODEV) is the ordinary state of a
+            // host without RDMA, not a failure.
+            return match err.raw_os_error() {
+                Some(libc::ENOSYS) | Some(libc::ENODEV) | Some(libc::ENOENT) => {
+                    Ok(Self { raw, len: 0 })
+                }
+                _ => Err(RdmaError::GetDeviceList(err)),
+            };
+        }
+        Ok(Self {
+            raw,
+            len: usize::try_from(n).unwrap_or(0),
+        })
+    }
+
+    fn iter(&self) -> impl Iterator<Item = *mut sys::ibv_device> + '_ {
+        (0..self.len).map(move |i| {
+            // SAFETY: `raw` holds `len` device pointers (plus a NULL terminator) and lives as
+            // long as `self`.
+            unsafe { *self.raw.add(i) }
+        })
+    }
+}
+
+impl Drop for DeviceList {
+    fn drop(&mut self) {
+        if !self.raw.is_null() {
+            // SAFETY: `raw` came from `ibv_get_device_list` and is freed exactly once. Contexts
+            // opened from its devices stay valid after the list is freed (libibverbs keeps
+            // device structs referenced while a context is open).
+            unsafe { sys::ibv_free_device_list(self.raw) };
+        }
+    }
+}
+
+fn device_info(dev: *mut sys::ibv_device) -> DeviceInfo {
+    // SAFETY: `dev` is a live element of a device list; `ibv_get_device_name` returns a
+    // NUL-terminated string inside the device struct, which outlives this call.
+    let name = unsafe { CStr::from_ptr(sys::ibv_get_device_name(dev)) }
+        .to_string_lossy()
+        .into_owned();
+    // SAFETY: as above; the GUID is read from sysfs-backed data of the device.
+    let guid = unsafe { sys::ibv_get_device_guid(dev) };
+    // SAFETY: `dev` points to a valid `ibv_device`; `transport_type` is a plain field.
+    let transport = unsafe { (*dev).transport_type };
+    DeviceInfo {
+        name,
+        node_guid: u64::from_be(guid),
+        transport: Transport::from_raw(transport),
+    }
+}
+
+/// Formats a GUID the way `ibv_devices` does (`0002:c903:0031:7e32`).
+pub fn format_guid(guid: u64) -> String {
+    format!(
+        "{:04x}:{:04x}:{:04x}:{:04x}",
+        (guid >> 48) & 0xffff,
+        (guid >> 32) & 0xffff,
+        (guid >> 16) & 0xffff,
+        guid & 0xffff
+    )
+}
+
+/// How a [`Context`] is released.
+enum ContextOwner {
+    /// Opened by us with `ibv_open_device`; closed on drop.
+    Opened,
+    /// One of librdmacm's shared contexts, pinned by an `rdma_get_devices` reference.
+    Cm(#[allow(dead_code)] Arc<CmDeviceList>),
+}
+
+/// A reference on librdmacm's device contexts (`rdma_get_devices`), released with
+/// `rdma_free_devices`. librdmacm opens one context per device and uses it for every CM id
+/// and QP on that device; this reference keeps it open while we hold PDs or CQs on it.
+pub(crate) struct CmDeviceList {
+    raw: NonNull<*mut sys::ibv_context>,
+    len: usize,
+}
+
+// SAFETY: the list is an immutable array of context pointers; librdmacm guards its
+// reference counts with its own mutex, so dropping it from any thread is fine.
+unsafe impl Send for CmDeviceList {}
+// SAFETY: shared access only reads the immutable array.
+unsafe impl Sync for CmDeviceList {}
+
+impl CmDeviceList {
+    pub(crate) fn get() -> Result<Arc<Self>> {
+        let mut n: libc::c_int = 0;
+        // SAFETY: `n` is a valid out-pointer.
+        let raw = unsafe { sys::rdma_get_devices(&mut n) };
+        let raw = NonNull::new(raw).ok_or_else(|| RdmaError::GetCmDevices(last_errno()))?;
+        Ok(Arc::new(Self {
+            raw,
+            len: usize::try_from(n).unwrap_or(0),
+        }))
+    }
+
+    fn contexts(&self) -> impl Iterator<Item = *mut sys::ibv_context> + '_ {
+        // SAFETY: the array holds `len` context pointers and lives as long as `self`.
+        (0..self.len).map(move |i| unsafe { *self.raw.as_ptr().add(i) })
+    }
+}
+
+impl Drop for CmDeviceList {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `rdma_get_devices` and is released exactly once.
+        unsafe { sys::rdma_free_devices(self.raw.as_ptr()) };
+    }
+}
+
+/// An open verbs context (`struct ibv_context`): the root every other verbs object hangs off.
+///
+/// Connections made through RDMA CM live on librdmacm's own context for the device, and a
+/// QP's PD and CQs must come from that same context. Get it with
+/// [`CmId::context`](super::cm::CmId::context) or [`Context::cm_devices`]; use
+/// [`Context::open`] only for verbs work without RDMA CM.
+pub struct Context {
+    raw: NonNull<sys::ibv_context>,
+    owner: ContextOwner,
+}
+
+// SAFETY: libibverbs contexts are thread-safe: all verbs on a context may be called from any
+// thread concurrently.
+unsafe impl Send for Context {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Opens the device called `name` (e.g. `rxe0`) with `ibv_open_device`.
+    pub fn open(name: &str) -> Result<Arc<Self>> {
+        let list = DeviceList::get()?;
+        let dev = list
+            .iter()
+            .find(|&d| device_info(d).name == name)
+            .ok_or_else(|| RdmaError::DeviceNotFound(name.to_owned()))?;
+        // SAFETY: `dev` is an element of a live device list.
+        let raw = unsafe { sys::ibv_open_device(dev) };
+        let raw = NonNull::new(raw).ok_or_else(|| RdmaError::OpenDevice(last_errno()))?;
+        Ok(Arc::new(Self {
+            raw,
+            owner: ContextOwner::Opened,
+        }))
+    }
+
+    /// The contexts librdmacm uses for every RDMA device, so a listener can allocate PDs,
+    /// CQs and SRQs before the first connection arrives.
+    pub fn cm_devices() -> Result<Vec<Arc<Self>>> {
+        let list = CmDeviceList::get()?;
+        Ok(list
+            .contexts()
+            .filter_map(NonNull::new)
+            .map(|raw| {
+                Arc::new(Self {
+                    raw,
+                    owner: ContextOwner::Cm(list.clone()),
+                })
+            })
+            .collect())
+    }
+
+    /// Wraps the librdmacm context `raw` (a CM id's `verbs`), pinning it.
+    pub(crate) fn from_cm_verbs(raw: *mut sys::ibv_context) -> Result<Arc<Self>> {
+        let raw = NonNull::new(raw).ok_or(RdmaError::NoDevice)?;
+        let list = CmDeviceList::get()?;
+        if !list.contexts().any(|c| c == raw.as_ptr()) {
+            return Err(RdmaError::NoDevice);
+        }
+        Ok(Arc::new(Self {
+            raw,
+            owner: ContextOwner::Cm(list),
+        }))
+    }
+
+    /// The raw context, for verbs this crate does not wrap.
+    pub fn as_raw(&self) -> *mut sys::ibv_context {
+        self.raw.as_ptr()
+    }
+
+    /// Name and GUID of the device this context is open on.
+    pub fn device(&self) -> DeviceInfo {
+        // SAFETY: an open context always points at its device.
+        device_info(unsafe { self.raw.as_ref() }.device)
+    }
+
+    /// `ibv_query_device`: the device's limits and capabilities.
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        let mut attr = MaybeUninit::<sys::ibv_device_attr>::zeroed();
+        // SAFETY: the context is open and `attr` is a writable `ibv_device_attr`.
+        let ret = unsafe { sys::ibv_query_device(self.as_raw(), attr.as_mut_ptr()) };
+        if ret != 0 {
+            return Err(RdmaError::QueryDevice(errno_from_ret(ret)));
+        }
+        // SAFETY: zero-initialized plain C data, filled by the successful call.
+        Ok(DeviceAttr::from_raw(unsafe { &attr.assume_init() }))
+    }
+
+    /// `ibv_query_port` for `port` (ports count from 1).
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let mut attr = MaybeUninit::<sys::ibv_port_attr>::zeroed();
+        // SAFETY: the context is open; `attr` is a zeroed `ibv_port_attr` (the inline
+        // `ibv_query_port` of verbs.h, which this port of it mirrors, expects the caller's
+        // full-size struct and passes its size to the provider).
+        let ret = unsafe { sys::___ibv_query_port(self.as_raw(), port, attr.as_mut_ptr()) };
+        if ret != 0 {
+            return Err(RdmaError::QueryPort(errno_from_ret(ret)));
+        }
+        // SAFETY: zero-initialized plain C data, filled by the successful call.
+        Ok(PortAttr::from_raw(unsafe { &attr.assume_init() }))
+    }
+
+    /// `ibv_query_gid`: entry `index` of `port`'s GID table.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        let index = libc::c_int::try_from(index)
+            .map_err(|_| RdmaError::InvalidArgument("GID index out of range"))?;
+        let mut gid = sys::ibv_gid { raw: [0; 16] };
+        // SAFETY: the context is open and `gid` is a writable 16-byte `ibv_gid`.
+        let ret = unsafe { sys::ibv_query_gid(self.as_raw(), port, index, &mut gid) };
+        if ret != 0 {
+            return Err(RdmaError::QueryGid(errno_from_ret(ret)));
+        }
+        // SAFETY: every bit pattern is a valid `[u8; 16]`.
+        Ok(Gid(unsafe { gid.raw }))
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.device().name)
+            .field("raw", &self.raw)
+            .field("cm_owned", &matches!(self.owner, ContextOwner::Cm(_)))
+            .finish()
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if let ContextOwner::Opened = self.owner {
+            // SAFETY: we opened this context and every child object holds an `Arc` of it, so
+            // none is left; it is closed exactly once.
+            let ret = unsafe { sys::ibv_close_device(self.raw.as_ptr()) };
+            if ret != 0 {
+                tracing::warn!(ret, "ibv_close_device failed");
+            }
+        }
+    }
+}
+
+/// Device capability bits (`enum ibv_device_cap_flags`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCapFlags(pub u32);
+
+impl DeviceCapFlags {
+    pub const RC_RNR_NAK_GEN: Self = Self(1 << 12);
+    pub const SRQ_RESIZE: Self = Self(1 << 13);
+    pub const MEM_WINDOW: Self = Self(1 << 17);
+    /// Send with invalidate, local invalidate and fast registration work requests.
+    pub const MEM_MGT_EXTENSIONS: Self = Self(1 << 21);
+    pub const MEM_WINDOW_TYPE_2A: Self = Self(1 << 23);
+    pub const MEM_WINDOW_TYPE_2B: Self = Self(1 << 24);
+
+    pub fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl fmt::Debug for DeviceCapFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceCapFlags({:#x})", self.0)
+    }
+}
+
+/// The fields of `ibv_device_attr` the target and initiator size their queues by.
+#[derive(Clone, Debug)]
+pub struct DeviceAttr {
+    pub fw_ver: String,
+    pub node_guid: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub max_mr_size: u64,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub device_cap_flags: DeviceCapFlags,
+    pub max_sge: u32,
+    pub max_sge_rd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    /// Incoming RDMA READs a QP can serve at once (responder resources).
+    pub max_qp_rd_atom: u32,
+    /// Outgoing RDMA READs a QP can have in flight (initiator depth).
+    pub max_qp_init_rd_atom: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub phys_port_cnt: u8,
+}
+
+fn count(v: libc::c_int) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+impl DeviceAttr {
+    fn from_raw(a: &sys::ibv_device_attr) -> Self {
+        let fw: Vec<u8> = a
+            .fw_ver
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        Self {
+            fw_ver: String::from_utf8_lossy(&fw).into_owned(),
+            node_guid: u64::from_be(a.node_guid),
+            vendor_id: a.vendor_id,
+            vendor_part_id: a.vendor_part_id,
+            max_mr_size: a.max_mr_size,
+            max_qp: count(a.max_qp),
+            max_qp_wr: count(a.max_qp_wr),
+            device_cap_flags: DeviceCapFlags(a.device_cap_flags),
+            max_sge: count(a.max_sge),
+            max_sge_rd: count(a.max_sge_rd),
+            max_cq: count(a.max_cq),
+            max_cqe: count(a.max_cqe),
+            max_mr: count(a.max_mr),
+            max_pd: count(a.max_pd),
+            max_qp_rd_atom: count(a.max_qp_rd_atom),
+            max_qp_init_rd_atom: count(a.max_qp_init_rd_atom),
+            max_srq: count(a.max_srq),
+            max_srq_wr: count(a.max_srq_wr),
+            max_srq_sge: count(a.max_srq_sge),
+            phys_port_cnt: a.phys_port_cnt,
+        }
+    }
+}
+
+/// Logical port state (`enum ibv_port_state`); an open set of values.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PortState(pub u32);
+
+impl PortState {
+    pub const NOP: Self = Self(0);
+    pub const DOWN: Self = Self(1);
+    pub const INIT: Self = Self(2);
+    pub const ARMED: Self = Self(3);
+    pub const ACTIVE: Self = Self(4);
+    pub const ACTIVE_DEFER: Self = Self(5);
+}
+
+impl fmt::Debug for PortState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match *self {
+            Self::NOP => "NOP",
+            Self::DOWN => "DOWN",
+            Self::INIT => "INIT",
+            Self::ARMED => "ARMED",
+            Self::ACTIVE => "ACTIVE",
+            Self::ACTIVE_DEFER => "ACTIVE_DEFER",
+            Self(v) => return write!(f, "PortState({v})"),
+        };
+        f.write_str(name)
+    }
+}
+
+/// Path MTU (`enum ibv_mtu`: 1 = 256 bytes ... 5 = 4096 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mtu(pub u32);
+
+impl Mtu {
+    /// The MTU in bytes, or `None` for a value outside 1..=5.
+    pub fn bytes(self) -> Option<u32> {
+        (1..=5).contains(&self.0).then(|| 128 << self.0)
+    }
+}
+
+/// Link layer of a port: RoCE and iWARP run over Ethernet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkLayer {
+    Unspecified,
+    InfiniBand,
+    Ethernet,
+    Other(u8),
+}
+
+impl LinkLayer {
+    fn from_raw(raw: u8) -> Self {
+        // Values of the anonymous `IBV_LINK_LAYER_*` enum in verbs.h.
+        match raw {
+            0 => Self::Unspecified,
+            1 => Self::InfiniBand,
+            2 => Self::Ethernet,
+            v => Self::Other(v),
+        }
+    }
+}
+
+/// The fields of `ibv_port_attr` we use.
+#[derive(Clone, Debug)]
+pub struct PortAttr {
+    pub state: PortState,
+    pub max_mtu: Mtu,
+    pub active_mtu: Mtu,
+    pub gid_tbl_len: u32,
+    pub max_msg_sz: u32,
+    pub lid: u16,
+    pub link_layer: LinkLayer,
+}
+
+impl PortAttr {
+    fn from_raw(a: &sys::ibv_port_attr) -> Self {
+        Self {
+            state: PortState(a.state),
+            max_mtu: Mtu(a.max_mtu),
+            active_mtu: Mtu(a.active_mtu),
+            gid_tbl_len: count(a.gid_tbl_len),
+            max_msg_sz: a.max_msg_sz,
+            lid: a.lid,
+            link_layer: LinkLayer::from_raw(a.link_layer),
+        }
+    }
+}
+
+/// A 128-bit GID as stored on the wire (network byte order). On RoCE v2 this is an IPv6 or
+/// IPv4-mapped address.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    pub fn subnet_prefix(&self) -> u64 {
+        u64::from_be_bytes(self.0[..8].try_into().expect("8 bytes"))
+    }
+
+    pub fn interface_id(&self) -> u64 {
+        u64::from_be_bytes(self.0[8..].try_into().expect("8 bytes"))
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 16]
+    }
+}
+
+impl fmt::Display for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&std::net::Ipv6Addr::from(self.0), f)
+    }
+}
+
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gid({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_works_without_hardware() {
+        // Possibly empty; it must not fail just because the host has no RDMA device.
+        let devices = Device::list().expect("device list");
+        for d in &devices {
+            assert!(!d.name.is_empty());
+        }
+    }
+
+    #[test]
+    fn open_unknown_device_is_not_found() {
+        match Context::open("no-such-device-xyz") {
+            Err(RdmaError::DeviceNotFound(name)) => assert_eq!(name, "no-such-device-xyz"),
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("opened a device that does not exist"),
+        }
+    }
+
+    #[test]
+    fn guid_and_mtu_formatting() {
+        assert_eq!(format_guid(0x0002_c903_0031_7e32), "0002:c903:0031:7e32");
+        assert_eq!(Mtu(3).bytes(), Some(1024));
+        assert_eq!(Mtu(5).bytes(), Some(4096));
+        assert_eq!(Mtu(0).bytes(), None);
+        let mut g = [0u8; 16];
+        g[0] = 0xfe;
+        g[1] = 0x80;
+        g[15] = 1;
+        assert_eq!(Gid(g).to_string(), "fe80::1");
+        assert_eq!(Gid(g).subnet_prefix(), 0xfe80_0000_0000_0000);
+    }
+}
