@@ -5,5 +5,6 @@
 pub mod bdev;
 pub mod cmd;
 pub mod core;
+pub mod rpc;
 pub mod target;
 pub mod transport;

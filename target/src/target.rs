@@ -194,11 +194,14 @@ impl Target {
         target
     }
 
-    /// Registers a poll group and sends it the current configuration.
+    /// Registers a poll group and sends it the current configuration and transports.
     pub fn add_poll_group(&mut self, handle: PollGroupHandle) {
         for sub in self.subsystems.values() {
             let snapshot = sub.snapshot();
             handle.send(move |pg| pg.core.update_subsystem(snapshot));
+        }
+        for transport in &self.transports {
+            attach_transport(&handle, Arc::clone(transport));
         }
         self.poll_groups.push(handle);
     }
@@ -367,6 +370,9 @@ impl Target {
         if self.transport(transport.trtype()).is_some() {
             return Err(TargetError::TransportExists(transport.trtype().to_string()));
         }
+        for pg in &self.poll_groups {
+            attach_transport(pg, Arc::clone(&transport));
+        }
         self.transports.push(transport);
         Ok(())
     }
@@ -429,6 +435,24 @@ impl Target {
             }
         }
     }
+}
+
+/// Gives a poll group its share of a transport, on the poll group's own thread.
+fn attach_transport(pg: &PollGroupHandle, transport: Arc<dyn Transport>) {
+    let handle = pg.clone();
+    pg.send(move |group| {
+        let mut failure = None;
+        group.add_transport(|index| match transport.create_poll_group(index, &handle) {
+            Ok(t) => t,
+            Err(e) => {
+                failure = Some(e);
+                Box::new(crate::transport::IdleTransportGroup)
+            }
+        });
+        if let Some(e) = failure {
+            tracing::error!(trtype = transport.trtype(), group = handle.index(), "cannot create transport poll group: {e}");
+        }
+    });
 }
 
 fn check_ascii_field(name: &str, value: &str, max: usize) -> Result<(), TargetError> {

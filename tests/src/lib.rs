@@ -50,9 +50,7 @@ impl LoopbackLab {
         let info = Arc::new(TargetInfo::default());
         let mut target = Target::new(Arc::clone(&info));
         let transport = LoopbackTransport::new(limits);
-        let mut pg = PollGroup::new(0, info);
-        let t = transport.clone();
-        pg.add_transport(move |index| t.poll_group(index));
+        let pg = PollGroup::new(0, info);
         target.add_poll_group(pg.handle());
         target
             .add_transport(Arc::new(transport.clone()))

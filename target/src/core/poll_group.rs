@@ -84,6 +84,16 @@ impl PollGroup {
         self.transports.get_mut(index).map(|t| t.as_mut())
     }
 
+    /// Runs `f` on one transport poll group together with the core context it needs.
+    pub fn with_transport<R>(
+        &mut self,
+        index: usize,
+        f: impl FnOnce(&mut dyn TransportPollGroup, &mut CoreCtx) -> R,
+    ) -> Option<R> {
+        let t = self.transports.get_mut(index)?;
+        Some(f(t.as_mut(), &mut self.core))
+    }
+
     pub fn qpair_count(&self) -> usize {
         self.transports.iter().map(|t| t.qpair_count()).sum()
     }

@@ -341,6 +341,14 @@ impl crate::transport::Transport for LoopbackTransport {
 
     fn stop_listen(&self, _addr: &crate::core::subsystem::ListenAddress) {}
 
+    fn create_poll_group(
+        &self,
+        index: u8,
+        _group: &crate::core::PollGroupHandle,
+    ) -> Result<Box<dyn TransportPollGroup>, String> {
+        Ok(self.poll_group(index))
+    }
+
     fn options(&self) -> serde_json::Value {
         serde_json::json!({
             "trtype": "LOOPBACK",

@@ -13,6 +13,7 @@ use crate::core::request::{ReqTag, Wakeup};
 use crate::core::CoreCtx;
 
 pub mod loopback;
+pub mod options;
 
 /// What a transport can do, as the controller reports it to hosts. Values follow SPDK's
 /// `nvmf_create_transport` parameters and defaults.
@@ -88,4 +89,35 @@ pub trait Transport: Send + Sync {
     /// The `nvmf_create_transport` parameters that recreate it (for `save_config`) and that
     /// `nvmf_get_transports` reports.
     fn options(&self) -> serde_json::Value;
+    /// This transport's share of one reactor. `index` goes into its request tags; `group`
+    /// is how the transport's own threads (an acceptor) reach that reactor.
+    fn create_poll_group(
+        &self,
+        index: u8,
+        group: &crate::core::PollGroupHandle,
+    ) -> Result<Box<dyn TransportPollGroup>, String>;
+}
+
+/// Stands in for a transport poll group that could not be created, so transport indices stay
+/// aligned across reactors; it serves nothing.
+pub struct IdleTransportGroup;
+
+impl TransportPollGroup for IdleTransportGroup {
+    fn poll(&mut self, _core: &mut CoreCtx) -> usize {
+        0
+    }
+
+    fn resume(&mut self, tag: ReqTag, _wakeup: Wakeup, _core: &mut CoreCtx) {
+        tracing::error!(?tag, "wakeup for a request of a transport that never started");
+    }
+
+    fn qpair_count(&self) -> usize {
+        0
+    }
+
+    fn shutdown(&mut self, _core: &mut CoreCtx) {}
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
 }

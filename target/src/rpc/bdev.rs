@@ -1,0 +1,137 @@
+//! Bdev methods (`lib/bdev/bdev_rpc.c` and the modules' `*_rpc.c`): the create/delete/inject
+//! handlers live with each backend in `crate::bdev`; this file decodes their params and adds
+//! `bdev_get_bdevs` and the bdev part of `framework_get_config`.
+
+use std::collections::HashSet;
+
+use nvmf_rpc::RpcError;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{parse, Control};
+use crate::bdev::{aio, delay, error_inject, malloc, null, uring, util, BdevRef, IoKind};
+
+macro_rules! wire {
+    ($name:ident, $module:ident :: $handler:ident) => {
+        pub fn $name(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+            $module::$handler(&mut c.target.bdevs, parse(params)?)
+        }
+    };
+}
+
+wire!(bdev_malloc_create, malloc::rpc_bdev_malloc_create);
+wire!(bdev_malloc_delete, malloc::rpc_bdev_malloc_delete);
+wire!(bdev_null_create, null::rpc_bdev_null_create);
+wire!(bdev_null_delete, null::rpc_bdev_null_delete);
+wire!(bdev_aio_create, aio::rpc_bdev_aio_create);
+wire!(bdev_aio_delete, aio::rpc_bdev_aio_delete);
+wire!(bdev_uring_create, uring::rpc_bdev_uring_create);
+wire!(bdev_uring_delete, uring::rpc_bdev_uring_delete);
+wire!(bdev_delay_create, delay::rpc_bdev_delay_create);
+wire!(bdev_delay_delete, delay::rpc_bdev_delay_delete);
+wire!(bdev_delay_update_latency, delay::rpc_bdev_delay_update_latency);
+wire!(bdev_error_create, error_inject::rpc_bdev_error_create);
+wire!(bdev_error_delete, error_inject::rpc_bdev_error_delete);
+wire!(bdev_error_inject_error, error_inject::rpc_bdev_error_inject_error);
+wire!(bdev_error_resume_pending, error_inject::rpc_bdev_error_resume_pending);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BdevGetBdevsParams {
+    #[serde(default)]
+    pub name: Option<String>,
+    /// SPDK waits this long (ms) for a named bdev to appear through examine. Bdevs appear here
+    /// only through RPCs, which cannot run while this one holds the control plane, so waiting
+    /// could not change the answer.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+pub fn bdev_get_bdevs(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+    let p: BdevGetBdevsParams = parse(params)?;
+    let _ = p.timeout;
+    let bdevs = &c.target.bdevs;
+    match p.name {
+        Some(name) => {
+            let bdev = bdevs
+                .get(&name)
+                .ok_or_else(|| RpcError::errno(libc::ENODEV, format!("No such device: bdev {name}")))?;
+            Ok(json!([describe(c, bdev)]))
+        }
+        None => Ok(Value::Array(bdevs.iter().map(|b| describe(c, b)).collect())),
+    }
+}
+
+/// One bdev in SPDK's `bdev_get_bdevs` shape.
+fn describe(c: &Control, bdev: &BdevRef) -> Value {
+    let claimed = c.target.bdevs.claimed_by(bdev.name()).is_some();
+    let mut io_types = Map::new();
+    for (name, supported) in [
+        ("read", bdev.supports(IoKind::Read)),
+        ("write", bdev.supports(IoKind::Write) && !bdev.read_only()),
+        ("unmap", bdev.supports(IoKind::Unmap) && !bdev.read_only()),
+        ("flush", bdev.supports(IoKind::Flush)),
+        ("reset", false),
+        ("nvme_admin", false),
+        ("nvme_io", false),
+        ("write_zeroes", bdev.supports(IoKind::WriteZeroes) && !bdev.read_only()),
+        ("compare", false),
+        ("compare_and_write", false),
+        ("abort", false),
+        ("seek_hole", false),
+        ("seek_data", false),
+        ("copy", false),
+        ("nvme_iov_md", false),
+    ] {
+        io_types.insert(name.into(), Value::Bool(supported));
+    }
+    let mut v = json!({
+        "name": bdev.name(),
+        "aliases": [],
+        "product_name": bdev.product_name(),
+        "block_size": bdev.block_size(),
+        "num_blocks": bdev.num_blocks(),
+        "uuid": util::format_uuid(&bdev.uuid()),
+        "assigned_rate_limits": {
+            "rw_ios_per_sec": 0,
+            "rw_mbytes_per_sec": 0,
+            "r_mbytes_per_sec": 0,
+            "w_mbytes_per_sec": 0
+        },
+        "claimed": claimed,
+        "zoned": false,
+        "supported_io_types": io_types,
+        "driver_specific": bdev.driver_specific(),
+    });
+    if claimed {
+        v["claim_type"] = json!("exclusive_write");
+    }
+    v
+}
+
+/// Create entries for every bdev, each after the bdevs it is stacked on, then
+/// `bdev_wait_for_examine` as SPDK ends its bdev config.
+pub fn config(c: &Control) -> Vec<Value> {
+    let all: Vec<&BdevRef> = c.target.bdevs.iter().collect();
+    let mut emitted: HashSet<String> = HashSet::new();
+    let mut out = Vec::new();
+    // Creation order already puts bases first; the loop only guards against an order that does
+    // not (each pass emits every bdev whose bases are out).
+    while emitted.len() < all.len() {
+        let before = emitted.len();
+        for b in &all {
+            if emitted.contains(b.name()) {
+                continue;
+            }
+            if b.base_bdevs().iter().all(|base| emitted.contains(base) || c.target.bdevs.get(base).is_none()) {
+                out.push(b.config_entry());
+                emitted.insert(b.name().to_string());
+            }
+        }
+        if emitted.len() == before {
+            break;
+        }
+    }
+    out.push(json!({"method": "bdev_wait_for_examine"}));
+    out
+}
