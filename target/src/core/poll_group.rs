@@ -125,7 +125,8 @@ impl PollGroup {
         n
     }
 
-    /// Disconnects every queue pair (target shutdown), then drains outstanding bdev I/O.
+    /// Disconnects every queue pair (target shutdown), then polls until their work requests
+    /// and outstanding bdev I/O have drained.
     pub fn shutdown(&mut self) {
         for t in &mut self.transports {
             t.shutdown(&mut self.core);
@@ -133,7 +134,7 @@ impl PollGroup {
         // Bounded: a backend that never completes (an injected "pending" error) must not
         // hold the target hostage.
         let deadline = std::time::Instant::now() + SHUTDOWN_DRAIN_TIMEOUT;
-        while self.core.io_in_flight() > 0 || self.core.has_wakeups() {
+        while self.core.io_in_flight() > 0 || self.core.has_wakeups() || self.qpair_count() > 0 {
             self.poll();
             if std::time::Instant::now() > deadline {
                 tracing::warn!(in_flight = self.core.io_in_flight(), "shutdown: abandoning bdev I/O that did not complete");

@@ -13,6 +13,7 @@ use crate::core::request::{ReqTag, Wakeup};
 use crate::core::CoreCtx;
 
 pub mod loopback;
+pub mod rdma;
 pub mod options;
 
 /// What a transport can do, as the controller reports it to hosts. Values follow SPDK's

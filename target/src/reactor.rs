@@ -1,0 +1,51 @@
+//! Runs poll groups on the per-core reactors of `nvmf_common::reactor`.
+
+use std::sync::Arc;
+
+use nvmf_common::reactor::{Pollable, Reactor};
+
+use crate::core::{PollGroup, PollGroupHandle, TargetInfo};
+
+struct ReactorState(PollGroup);
+
+impl Pollable for ReactorState {
+    fn poll(&mut self) -> usize {
+        self.0.poll()
+    }
+
+    fn shutdown(&mut self) {
+        self.0.shutdown();
+    }
+}
+
+/// Starts one pinned reactor per core, each with its poll group; returns the reactors and
+/// the poll groups' message handles, in core order.
+pub fn start_reactors(
+    cores: &[usize],
+    info: &Arc<TargetInfo>,
+) -> std::io::Result<(Vec<Reactor>, Vec<PollGroupHandle>)> {
+    let mut reactors = Vec::with_capacity(cores.len());
+    let mut handles = Vec::with_capacity(cores.len());
+    for (index, &core) in cores.iter().enumerate() {
+        let info = Arc::clone(info);
+        let (reactor, handle) = Reactor::spawn(core, format!("reactor_{core}"), move || {
+            let pg = PollGroup::new(index, info);
+            let handle = pg.handle();
+            (ReactorState(pg), handle)
+        })?;
+        tracing::info!(core, "reactor started");
+        reactors.push(reactor);
+        handles.push(handle);
+    }
+    Ok((reactors, handles))
+}
+
+/// Stops reactors: each disconnects its qpairs and drains its I/O before its thread ends.
+pub fn stop_reactors(reactors: Vec<Reactor>) {
+    for r in &reactors {
+        r.request_stop();
+    }
+    for r in reactors {
+        r.join();
+    }
+}

@@ -1,0 +1,156 @@
+//! What one poll group needs on one RDMA device: a protection domain, one completion queue for
+//! sends and receives, a shared receive queue with its registered capsule buffers, and the
+//! registered data buffer pool.
+//!
+//! Receive buffers are two scatter entries per SRQ slot: the 64-byte SQE, then room for the
+//! in-capsule data. Keeping SQEs in their own dense region means a capsule without data
+//! touches one cache line of it.
+
+use std::sync::Arc;
+
+use nvmf_common::buffer::BufferPool;
+use nvmf_common::rdma::{
+    register_pool, AccessFlags, CompletionQueue, Context, DeviceCapFlags, DmaBuf,
+    ProtectionDomain, RecvWr, SharedReceiveQueue, Sge, MAX_CHAIN,
+};
+use nvmf_common::spec::Command;
+use zerocopy::FromBytes;
+
+use super::request::{wr_id, WrKind};
+use crate::transport::options::TransportOptions;
+
+const SQE_LEN: usize = 64;
+/// Completion queue entries per device and poll group; bounded by what the device allows.
+const CQ_ENTRIES: u32 = 16_384;
+/// Data buffers per device and poll group: enough for deep queues on many qpairs, bounded so
+/// a 2-core machine does not pin gigabytes.
+const MIN_DATA_BUFFERS: u32 = 64;
+const MAX_DATA_BUFFERS: u32 = 1024;
+
+pub struct DeviceResources {
+    pub ctx: Arc<Context>,
+    pub pd: Arc<ProtectionDomain>,
+    pub cq: Arc<CompletionQueue>,
+    pub srq: Arc<SharedReceiveQueue>,
+    pub pool: BufferPool,
+    /// The device may complete SEND with remote invalidation of the host's key.
+    pub send_with_invalidate: bool,
+    pub max_qp_wr: u32,
+    pub max_rd_atom: u8,
+    pub max_init_rd_atom: u8,
+    recv_cmds: DmaBuf,
+    recv_data: Option<DmaBuf>,
+    in_capsule: u32,
+    /// Receive slots consumed and ready to be posted again, posted in batches.
+    repost: Vec<u32>,
+}
+
+impl DeviceResources {
+    pub fn new(ctx: Arc<Context>, opts: &TransportOptions) -> Result<Self, String> {
+        let attr = ctx.query_device().map_err(|e| e.to_string())?;
+        let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
+        let srq_depth = opts.max_srq_depth.min(attr.max_srq_wr).max(16);
+        let cq = CompletionQueue::new(&ctx, CQ_ENTRIES.min(attr.max_cqe)).map_err(|e| e.to_string())?;
+        let srq = SharedReceiveQueue::new(&pd, srq_depth, 2).map_err(|e| e.to_string())?;
+        let in_capsule = opts.in_capsule_data_size;
+        let recv_cmds = DmaBuf::new(&pd, srq_depth as usize * SQE_LEN, AccessFlags::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        let recv_data = if in_capsule > 0 {
+            Some(
+                DmaBuf::new(&pd, srq_depth as usize * in_capsule as usize, AccessFlags::LOCAL_WRITE)
+                    .map_err(|e| e.to_string())?,
+            )
+        } else {
+            None
+        };
+        let buf_size = (opts.max_io_size as usize).next_multiple_of(4096);
+        let wanted = (u64::from(opts.num_shared_buffers) * u64::from(opts.io_unit_size)
+            / buf_size as u64) as u32;
+        let count = wanted.clamp(MIN_DATA_BUFFERS, MAX_DATA_BUFFERS);
+        let pool = BufferPool::new(buf_size, count).map_err(|e| e.to_string())?;
+        register_pool(&pd, &pool, AccessFlags::LOCAL_WRITE).map_err(|e| {
+            format!("{e} (registering {} MiB of data buffers; raise `ulimit -l`)", buf_size * count as usize >> 20)
+        })?;
+        // Soft-RoCE (rxe) advertises remote invalidation but SPDK found it unreliable there;
+        // hosts cope either way, as the key is theirs to invalidate.
+        let is_rxe = ctx.device().name.starts_with("rxe");
+        let send_with_invalidate =
+            attr.device_cap_flags.contains(DeviceCapFlags::MEM_MGT_EXTENSIONS) && !is_rxe;
+        let mut dev = Self {
+            ctx,
+            pd,
+            cq,
+            srq,
+            pool,
+            send_with_invalidate,
+            max_qp_wr: attr.max_qp_wr,
+            max_rd_atom: attr.max_qp_rd_atom.clamp(1, 255) as u8,
+            max_init_rd_atom: attr.max_qp_init_rd_atom.clamp(1, 255) as u8,
+            recv_cmds,
+            recv_data,
+            in_capsule,
+            repost: (0..srq_depth).collect(),
+        };
+        dev.flush_reposts()?;
+        tracing::info!(device = %dev.ctx.device().name, srq_depth, data_buffers = count,
+            buffer_size = buf_size, huge_pages = dev.pool.uses_huge_pages(),
+            send_with_invalidate, "RDMA device ready");
+        Ok(dev)
+    }
+
+    pub fn same_device(&self, ctx: &Context) -> bool {
+        self.ctx.as_raw() == ctx.as_raw()
+    }
+
+    /// The SQE that arrived in receive slot `slot`.
+    pub fn command(&self, slot: u32) -> Command {
+        let mut raw = [0u8; SQE_LEN];
+        self.recv_cmds.read_at(slot as usize * SQE_LEN, &mut raw);
+        Command::read_from_bytes(&raw).expect("64 bytes make one SQE")
+    }
+
+    /// Copies in-capsule data of receive slot `slot` (the caller checked the bounds against
+    /// what arrived).
+    pub fn copy_in_capsule(&self, slot: u32, offset: u32, out: &mut [u8]) {
+        if let Some(data) = &self.recv_data {
+            let base = slot as usize * self.in_capsule as usize + offset as usize;
+            data.read_at(base, out);
+        }
+    }
+
+    pub fn repost(&mut self, slot: u32) {
+        self.repost.push(slot);
+    }
+
+    /// Posts consumed receive slots back to the SRQ, a chain at a time.
+    pub fn flush_reposts(&mut self) -> Result<(), String> {
+        let mut sges = [[Sge::default(); 2]; MAX_CHAIN];
+        while !self.repost.is_empty() {
+            let n = self.repost.len().min(MAX_CHAIN);
+            for (i, &slot) in self.repost[self.repost.len() - n..].iter().enumerate() {
+                let cmd = self
+                    .recv_cmds
+                    .sge(slot as usize * SQE_LEN, SQE_LEN)
+                    .expect("slot inside the command region");
+                sges[i][0] = cmd;
+                sges[i][1] = match &self.recv_data {
+                    Some(d) => d
+                        .sge(slot as usize * self.in_capsule as usize, self.in_capsule as usize)
+                        .expect("slot inside the data region"),
+                    None => cmd,
+                };
+            }
+            let sge_count = if self.recv_data.is_some() { 2 } else { 1 };
+            let start = self.repost.len() - n;
+            let slots = &self.repost[start..];
+            // A fixed array, not a Vec: reposting runs on every reactor turn with traffic.
+            let chain: [RecvWr<'_>; MAX_CHAIN] = std::array::from_fn(|i| {
+                let slot = slots.get(i).copied().unwrap_or(0);
+                RecvWr::new(wr_id(WrKind::Recv, 0, 0, slot), &sges[i][..sge_count])
+            });
+            self.srq.post_recv(&chain[..n]).map_err(|e| e.to_string())?;
+            self.repost.truncate(start);
+        }
+        Ok(())
+    }
+}

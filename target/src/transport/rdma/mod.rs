@@ -1,0 +1,271 @@
+//! NVMe-oF RDMA transport (NVMe-oF 1.1, 7.3): RC queue pairs set up through RDMA CM, command
+//! capsules received through a shared receive queue per device and reactor, data moved with
+//! RDMA READ/WRITE against the host's keyed SGLs.
+//!
+//! Threads: one acceptor thread owns the CM event channel (listeners and every connection's
+//! events). A connect request is validated there (private data, queue sizes) and handed to a
+//! reactor by message: admin queues round-robin, I/O queues to the least-loaded poll group.
+//! The reactor creates the QP on its own CQ and SRQ and accepts. Later CM events for the
+//! connection (disconnect) follow it by message.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nvmf_common::rdma::{CmEvent, CmEventKind, CmId, CmIdToken, EventChannel};
+use nvmf_common::spec::rdma_cm::{RdmaCmReject, RdmaCmRejectStatus, RdmaCmRequest, RDMA_CM_RECFMT};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::core::subsystem::ListenAddress;
+use crate::core::PollGroupHandle;
+use crate::transport::options::TransportOptions;
+use crate::transport::{Transport, TransportLimits, TransportPollGroup};
+
+mod device;
+mod poll_group;
+mod request;
+
+pub use poll_group::RdmaPollGroup;
+
+/// A connect request that passed validation, on its way to a reactor.
+pub struct NewConnection {
+    pub id: CmId,
+    pub qid: u16,
+    /// Queue entries: the host's HSQSIZE + 1.
+    pub depth: u16,
+    pub peer: String,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+}
+
+struct GroupEntry {
+    handle: PollGroupHandle,
+    transport_index: u8,
+    load: Arc<AtomicUsize>,
+}
+
+struct Shared {
+    opts: TransportOptions,
+    limits: TransportLimits,
+    channel: EventChannel,
+    listeners: Mutex<HashMap<ListenAddress, CmId>>,
+    groups: Mutex<Vec<GroupEntry>>,
+    stop: AtomicBool,
+}
+
+pub struct RdmaTransport {
+    shared: Arc<Shared>,
+    acceptor: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl RdmaTransport {
+    pub fn new(opts: TransportOptions) -> Result<Self, String> {
+        opts.validate()?;
+        let channel = EventChannel::new().map_err(|e| format!("cannot open an RDMA CM event channel: {e}"))?;
+        let shared = Arc::new(Shared {
+            limits: opts.limits(),
+            opts,
+            channel,
+            listeners: Mutex::new(HashMap::new()),
+            groups: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        });
+        let thread = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("nvmf-rdma-acceptor".into())
+                .spawn(move || acceptor(&shared))
+                .map_err(|e| e.to_string())?
+        };
+        Ok(Self {
+            shared,
+            acceptor: Mutex::new(Some(thread)),
+        })
+    }
+}
+
+impl Drop for RdmaTransport {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.acceptor.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn socket_addr(addr: &ListenAddress) -> Result<SocketAddr, String> {
+    let ip: IpAddr = addr
+        .traddr
+        .parse()
+        .map_err(|_| format!("traddr {:?} is not an IP address", addr.traddr))?;
+    let port: u16 = addr
+        .trsvcid
+        .parse()
+        .map_err(|_| format!("trsvcid {:?} is not a port number", addr.trsvcid))?;
+    Ok(SocketAddr::new(ip, port))
+}
+
+impl Transport for RdmaTransport {
+    fn trtype(&self) -> &'static str {
+        "RDMA"
+    }
+
+    fn limits(&self) -> TransportLimits {
+        self.shared.limits
+    }
+
+    fn listen(&self, addr: &ListenAddress) -> Result<(), String> {
+        let mut listeners = self.shared.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        if listeners.contains_key(addr) {
+            return Ok(());
+        }
+        let sockaddr = socket_addr(addr)?;
+        let id = self.shared.channel.create_id().map_err(|e| e.to_string())?;
+        id.bind_addr(sockaddr).map_err(|e| format!("rdma_bind_addr({sockaddr}): {e}"))?;
+        id.listen(self.shared.opts.acceptor_backlog).map_err(|e| format!("rdma_listen({sockaddr}): {e}"))?;
+        tracing::info!(%sockaddr, "RDMA listener started");
+        listeners.insert(addr.clone(), id);
+        Ok(())
+    }
+
+    fn stop_listen(&self, addr: &ListenAddress) {
+        let removed = self
+            .shared
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(addr);
+        if removed.is_some() {
+            tracing::info!(%addr, "RDMA listener stopped");
+        }
+    }
+
+    fn options(&self) -> serde_json::Value {
+        self.shared.opts.to_value()
+    }
+
+    fn create_poll_group(&self, index: u8, group: &PollGroupHandle) -> Result<Box<dyn TransportPollGroup>, String> {
+        let load = Arc::new(AtomicUsize::new(0));
+        self.shared
+            .groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(GroupEntry {
+                handle: group.clone(),
+                transport_index: index,
+                load: Arc::clone(&load),
+            });
+        Ok(Box::new(RdmaPollGroup::new(
+            index,
+            self.shared.opts.clone(),
+            self.shared.limits,
+            load,
+        )))
+    }
+}
+
+/// The acceptor loop: CM events until the transport is dropped.
+fn acceptor(shared: &Shared) {
+    let mut owners: HashMap<CmIdToken, (PollGroupHandle, u8)> = HashMap::new();
+    let mut next_admin_group = 0usize;
+    while !shared.stop.load(Ordering::Acquire) {
+        let event = match shared.channel.next_event(Duration::from_millis(100)) {
+            Ok(Some(e)) => e,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::error!("RDMA CM event channel failed: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        match event.kind {
+            CmEventKind::ConnectRequest => {
+                on_connect_request(shared, event, &mut owners, &mut next_admin_group);
+            }
+            kind => {
+                let Some((handle, tidx)) = owners.get(&event.id).cloned() else { continue };
+                if matches!(kind, CmEventKind::TimewaitExit | CmEventKind::Disconnected | CmEventKind::DeviceRemoval) {
+                    owners.remove(&event.id);
+                }
+                let token = event.id;
+                handle.send(move |pg| {
+                    pg.with_transport(usize::from(tidx), |t, core| {
+                        if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup>() {
+                            rdma.on_cm_event(token, kind, core);
+                        }
+                    });
+                });
+            }
+        }
+    }
+}
+
+pub(super) fn reject(id: &CmId, status: RdmaCmRejectStatus) {
+    let rej = RdmaCmReject::new(status);
+    if let Err(e) = id.reject(rej.as_bytes()) {
+        tracing::warn!("rdma_reject failed: {e}");
+    }
+}
+
+fn on_connect_request(
+    shared: &Shared,
+    mut event: CmEvent,
+    owners: &mut HashMap<CmIdToken, (PollGroupHandle, u8)>,
+    next_admin_group: &mut usize,
+) {
+    let Some(id) = event.new_id.take() else { return };
+    let peer = id.peer_addr().map_or_else(|| "unknown".to_string(), |a| a.to_string());
+    let Ok((req, _)) = RdmaCmRequest::read_from_prefix(&event.private_data) else {
+        tracing::warn!(%peer, len = event.private_data.len(), "connect without NVMe-oF private data");
+        return reject(&id, RdmaCmRejectStatus::INVALID_PRIVATE_DATA_LENGTH);
+    };
+    if req.recfmt.get() != RDMA_CM_RECFMT {
+        return reject(&id, RdmaCmRejectStatus::INVALID_RECFMT);
+    }
+    let qid = req.qid.get();
+    let depth = u32::from(req.hsqsize.get()) + 1;
+    let limit = if qid == 0 { shared.limits.max_aq_depth } else { shared.limits.max_queue_depth };
+    if depth < 2 || depth > u32::from(limit) {
+        tracing::warn!(%peer, qid, depth, limit, "connect with an unsupported queue size");
+        return reject(&id, RdmaCmRejectStatus::INVALID_HSQSIZE);
+    }
+    if u32::from(req.hrqsize.get()) < depth {
+        return reject(&id, RdmaCmRejectStatus::INVALID_HRQSIZE);
+    }
+    let groups = shared.groups.lock().unwrap_or_else(|e| e.into_inner());
+    if groups.is_empty() {
+        return reject(&id, RdmaCmRejectStatus::NO_RESOURCES);
+    }
+    let chosen = if qid == 0 {
+        *next_admin_group = (*next_admin_group + 1) % groups.len();
+        *next_admin_group
+    } else {
+        (0..groups.len())
+            .min_by_key(|&i| groups[i].load.load(Ordering::Relaxed))
+            .expect("non-empty")
+    };
+    let entry = &groups[chosen];
+    let (handle, tidx) = (entry.handle.clone(), entry.transport_index);
+    drop(groups);
+    owners.insert(id.token(), (handle.clone(), tidx));
+    let conn = NewConnection {
+        id,
+        qid,
+        depth: depth as u16,
+        peer,
+        responder_resources: event.conn.responder_resources,
+        initiator_depth: event.conn.initiator_depth,
+    };
+    handle.send(move |pg| {
+        pg.with_transport(usize::from(tidx), move |t, _core| {
+            let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup>() else { return };
+            let (peer, qid) = (conn.peer.clone(), conn.qid);
+            if let Err(e) = rdma.add_connection(conn) {
+                tracing::warn!(%peer, qid, "cannot accept RDMA connection: {e}");
+            }
+        });
+    });
+}

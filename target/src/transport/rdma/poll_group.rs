@@ -1,0 +1,597 @@
+//! One reactor's share of the RDMA transport: its devices' CQs and SRQs, its qpairs, and the
+//! FIFOs of requests waiting for a resource. Everything here runs on the reactor thread.
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvmf_common::rdma::{
+    AccessFlags, CmEventKind, CmIdToken, ConnParams, DmaBuf, QpCaps, SendWr, Sge, WcStatus,
+    WorkCompletion,
+};
+use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmRejectStatus};
+use nvmf_common::spec::sgl::SglKind;
+use nvmf_common::spec::Status;
+use zerocopy::IntoBytes;
+
+use super::device::DeviceResources;
+use super::request::{parse_tag_slot, parse_wr_id, tag_slot, wr_id, HostData, RdmaRequest, State, WrKind};
+use super::NewConnection;
+use crate::core::queue::QueueState;
+use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
+use crate::core::CoreCtx;
+use crate::transport::options::TransportOptions;
+use crate::transport::{TransportLimits, TransportPollGroup};
+
+const CQE_LEN: usize = 16;
+const POLL_BATCH: usize = 32;
+/// Slot id of the marker SEND posted after a qpair enters the error state: its flush
+/// completion arrives after every earlier send-queue completion.
+const DRAIN_SLOT: u32 = u32::MAX;
+/// How long a closing qpair waits for its flushed work requests before it is destroyed anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+struct Qpair {
+    gen: u8,
+    dev: usize,
+    // Field order is drop order: the QP is destroyed before its CM id.
+    qp: nvmf_common::rdma::QueuePair,
+    cm_id: nvmf_common::rdma::CmId,
+    token: CmIdToken,
+    state: QueueState,
+    requests: Vec<RdmaRequest>,
+    responses: DmaBuf,
+    sq_capacity: u32,
+    sq_used: u32,
+    reads_in_flight: u32,
+    max_reads: u32,
+    /// SENDs and READs posted signaled and not completed yet.
+    signaled: u32,
+    closing: Option<Instant>,
+    drained: bool,
+    send_with_invalidate: bool,
+}
+
+pub struct RdmaPollGroup {
+    index: u8,
+    opts: TransportOptions,
+    limits: TransportLimits,
+    load: Arc<AtomicUsize>,
+    devices: Vec<DeviceResources>,
+    qpairs: Vec<Option<Qpair>>,
+    gens: Vec<u8>,
+    by_qp_num: HashMap<u32, usize>,
+    by_token: HashMap<CmIdToken, usize>,
+    need_buffer: VecDeque<(usize, u32)>,
+    need_read: VecDeque<(usize, u32)>,
+    need_send: VecDeque<(usize, u32)>,
+    wcs: [WorkCompletion; POLL_BATCH],
+}
+
+impl RdmaPollGroup {
+    pub fn new(index: u8, opts: TransportOptions, limits: TransportLimits, load: Arc<AtomicUsize>) -> Self {
+        Self {
+            index,
+            opts,
+            limits,
+            load,
+            devices: Vec::new(),
+            qpairs: Vec::new(),
+            gens: Vec::new(),
+            by_qp_num: HashMap::new(),
+            by_token: HashMap::new(),
+            need_buffer: VecDeque::new(),
+            need_read: VecDeque::new(),
+            need_send: VecDeque::new(),
+            wcs: [WorkCompletion::default(); POLL_BATCH],
+        }
+    }
+
+    fn device_for(&mut self, ctx: Arc<nvmf_common::rdma::Context>) -> Result<usize, String> {
+        if let Some(i) = self.devices.iter().position(|d| d.same_device(&ctx)) {
+            return Ok(i);
+        }
+        self.devices.push(DeviceResources::new(ctx, &self.opts)?);
+        Ok(self.devices.len() - 1)
+    }
+
+    /// Creates the QP for a new connection on this reactor and accepts it. On failure the
+    /// dropped CM id rejects the connection.
+    pub fn add_connection(&mut self, conn: NewConnection) -> Result<(), String> {
+        let refuse = |e: String, conn: &NewConnection| {
+            super::reject(&conn.id, RdmaCmRejectStatus::NO_RESOURCES);
+            e
+        };
+        let ctx = conn.id.context().map_err(|e| refuse(e.to_string(), &conn))?;
+        let dev_index = self.device_for(ctx).map_err(|e| refuse(e, &conn))?;
+        let dev = &self.devices[dev_index];
+        let depth = u32::from(conn.depth);
+        // Twice the depth: a host may reuse a slot as soon as it sees our response, before we
+        // reaped the SEND's completion.
+        let slots = depth * 2;
+        let caps = QpCaps {
+            max_send_wr: (slots * 2 + 1).min(dev.max_qp_wr),
+            max_recv_wr: 0,
+            max_send_sge: 1,
+            max_recv_sge: 0,
+            max_inline_data: 0,
+        };
+        let qp = conn
+            .id
+            .create_qp(&dev.pd, &dev.cq, &dev.cq, Some(&dev.srq), caps)
+            .map_err(|e| refuse(e.to_string(), &conn))?;
+        let responses = DmaBuf::new(&dev.pd, slots as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
+            .map_err(|e| refuse(e.to_string(), &conn))?;
+        let qi = match self.qpairs.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.qpairs.push(None);
+                self.gens.push(0);
+                self.qpairs.len() - 1
+            }
+        };
+        let gen = self.gens[qi];
+        let requests = (0..slots)
+            .map(|s| RdmaRequest::new(Request::new(ReqTag::new(self.index, tag_slot(gen, qi, s)))))
+            .collect();
+        let accept = RdmaCmAccept::new(conn.depth);
+        let params = ConnParams {
+            responder_resources: conn.responder_resources.min(dev.max_rd_atom),
+            initiator_depth: conn.initiator_depth.min(dev.max_init_rd_atom),
+            rnr_retry_count: 7,
+            ..ConnParams::with_private_data(accept.as_bytes())
+        };
+        let max_reads = u32::from(params.initiator_depth.max(1));
+        conn.id.accept(&params).map_err(|e| e.to_string())?;
+        let sq_capacity = qp.caps().max_send_wr;
+        let send_with_invalidate = dev.send_with_invalidate;
+        let token = conn.id.token();
+        self.by_qp_num.insert(qp.qp_num(), qi);
+        self.by_token.insert(token, qi);
+        tracing::debug!(qid = conn.qid, depth, peer = %conn.peer, qp_num = qp.qp_num(), "RDMA qpair accepted");
+        self.qpairs[qi] = Some(Qpair {
+            gen,
+            dev: dev_index,
+            qp,
+            cm_id: conn.id,
+            token,
+            state: QueueState::new(self.limits, Some(conn.qid), conn.peer),
+            requests,
+            responses,
+            sq_capacity,
+            sq_used: 0,
+            reads_in_flight: 0,
+            max_reads,
+            signaled: 0,
+            closing: None,
+            drained: false,
+            send_with_invalidate,
+        });
+        self.load.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A CM event for one of this group's connections, forwarded by the acceptor.
+    pub fn on_cm_event(&mut self, token: CmIdToken, kind: CmEventKind, core: &mut CoreCtx) {
+        let Some(&qi) = self.by_token.get(&token) else { return };
+        match kind {
+            CmEventKind::Disconnected | CmEventKind::DeviceRemoval | CmEventKind::TimewaitExit
+            | CmEventKind::ConnectError | CmEventKind::Unreachable | CmEventKind::Rejected => {
+                self.start_close(qi, core);
+            }
+            _ => {}
+        }
+    }
+
+    fn poll_device(&mut self, d: usize, core: &mut CoreCtx) -> usize {
+        let mut total = 0;
+        loop {
+            let n = match self.devices[d].cq.poll(&mut self.wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!("polling the completion queue failed: {e}");
+                    return total;
+                }
+            };
+            for i in 0..n {
+                let wc = self.wcs[i];
+                self.on_completion(d, &wc, core);
+            }
+            total += n;
+            if n < POLL_BATCH {
+                return total;
+            }
+        }
+    }
+
+    fn on_completion(&mut self, d: usize, wc: &WorkCompletion, core: &mut CoreCtx) {
+        let (kind, gen, qi, slot) = parse_wr_id(wc.wr_id());
+        if kind == WrKind::Recv {
+            return self.on_recv(d, slot, wc, core);
+        }
+        let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else { return };
+        if qp.gen != gen {
+            return;
+        }
+        let ok = wc.status().is_success();
+        if !ok && wc.status() != WcStatus::WR_FLUSH_ERR && qp.closing.is_none() {
+            tracing::warn!(status = wc.status().as_str(), ?kind, peer = %qp.state.peer, "work request failed; closing qpair");
+        }
+        match kind {
+            // Unsignaled: only errors complete, and the SEND behind reports them too.
+            WrKind::Write | WrKind::Recv => {}
+            WrKind::Send => {
+                qp.signaled = qp.signaled.saturating_sub(1);
+                if slot == DRAIN_SLOT {
+                    qp.sq_used = qp.sq_used.saturating_sub(1);
+                    qp.drained = true;
+                } else if let Some(r) = qp.requests.get_mut(slot as usize) {
+                    if r.state == State::Sending {
+                        qp.sq_used = qp.sq_used.saturating_sub(wrs_of(r));
+                        release(r);
+                    }
+                }
+            }
+            WrKind::Read => {
+                qp.signaled = qp.signaled.saturating_sub(1);
+                qp.sq_used = qp.sq_used.saturating_sub(1);
+                qp.reads_in_flight = qp.reads_in_flight.saturating_sub(1);
+                if let Some(r) = qp.requests.get_mut(slot as usize) {
+                    if r.state == State::Reading {
+                        if ok && qp.closing.is_none() {
+                            return self.execute(qi, slot, core);
+                        }
+                        release(r);
+                    }
+                }
+            }
+        }
+        if !ok {
+            self.start_close(qi, core);
+        }
+    }
+
+    fn on_recv(&mut self, d: usize, recv: u32, wc: &WorkCompletion, core: &mut CoreCtx) {
+        let qi = self.by_qp_num.get(&wc.qp_num()).copied();
+        let usable = wc.status().is_success()
+            && qi.is_some_and(|qi| self.qpairs[qi].as_ref().is_some_and(|q| q.closing.is_none()));
+        let Some(qi) = qi.filter(|_| usable) else {
+            self.devices[d].repost(recv);
+            return;
+        };
+        let len = wc.byte_len() as usize;
+        let qp = self.qpairs[qi].as_mut().expect("checked above");
+        let free = qp.requests.iter().position(|r| r.state == State::Free);
+        let (Some(si), true) = (free, len >= 64) else {
+            // A capsule shorter than an SQE, or more commands than the queue depth the host
+            // asked for: the host broke the protocol; drop the connection, not the target.
+            tracing::warn!(peer = %qp.state.peer, len, "malformed capsule or queue overrun; closing qpair");
+            self.devices[d].repost(recv);
+            return self.start_close(qi, core);
+        };
+        let cmd = self.devices[d].command(recv);
+        let r = &mut qp.requests[si];
+        r.req.reset(cmd);
+        r.received_data = (len - 64) as u32;
+        r.host = match cmd.dptr.classify() {
+            SglKind::Keyed { addr, key, invalidate, .. } => HostData::Keyed { addr, key, invalidate },
+            SglKind::InCapsule { offset, len } => HostData::InCapsule { offset: offset as u32, len },
+            _ => HostData::None,
+        };
+        if matches!(r.host, HostData::InCapsule { .. }) {
+            r.recv = Some(recv);
+        } else {
+            self.devices[d].repost(recv);
+        }
+        r.state = State::Executing;
+        let prepared = core.prepare(&mut qp.state, &mut r.req);
+        if !matches!(prepared, Prepared::Data { .. }) {
+            if let Some(recv) = r.recv.take() {
+                self.devices[d].repost(recv);
+            }
+        }
+        match prepared {
+            Prepared::Complete => self.to_send(qi, si as u32),
+            Prepared::NoData => self.execute(qi, si as u32, core),
+            Prepared::Data { .. } => {
+                r.state = State::NeedBuffer;
+                self.need_buffer.push_back((qi, si as u32));
+            }
+        }
+    }
+
+    /// Gives waiting requests data buffers, oldest first, and moves them on.
+    fn serve_buffers(&mut self, core: &mut CoreCtx) -> usize {
+        let mut n = 0;
+        while let Some(&(qi, si)) = self.need_buffer.front() {
+            let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
+                self.need_buffer.pop_front();
+                continue;
+            };
+            if qp.requests[si as usize].state != State::NeedBuffer {
+                self.need_buffer.pop_front();
+                continue;
+            }
+            let dev = &mut self.devices[qp.dev];
+            let Some(mut buf) = dev.pool.get() else { break };
+            self.need_buffer.pop_front();
+            n += 1;
+            let r = &mut qp.requests[si as usize];
+            buf.set_len(r.req.len as usize);
+            let dir = r.req.dir;
+            match (dir, r.host) {
+                (DataDirection::HostToController, HostData::InCapsule { offset, len }) => {
+                    let recv = r.recv.take().expect("in-capsule requests hold their receive");
+                    if offset.checked_add(len).is_none_or(|end| end > r.received_data) || len != r.req.len {
+                        dev.repost(recv);
+                        r.req.complete(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+                        self.to_send(qi, si);
+                        continue;
+                    }
+                    dev.copy_in_capsule(recv, offset, &mut buf);
+                    dev.repost(recv);
+                    r.req.data = Some(buf);
+                    self.execute(qi, si, core);
+                }
+                (DataDirection::HostToController, HostData::Keyed { .. }) => {
+                    r.req.data = Some(buf);
+                    r.state = State::NeedRead;
+                    self.need_read.push_back((qi, si));
+                }
+                _ => {
+                    r.req.data = Some(buf);
+                    self.execute(qi, si, core);
+                }
+            }
+        }
+        n
+    }
+
+    /// Posts RDMA READs for waiting requests while the host's read credits and the send queue
+    /// allow.
+    fn serve_reads(&mut self) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.need_read.len() {
+            let (qi, si) = self.need_read[i];
+            let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
+                self.need_read.remove(i);
+                continue;
+            };
+            if qp.requests[si as usize].state != State::NeedRead {
+                self.need_read.remove(i);
+                continue;
+            }
+            if qp.reads_in_flight >= qp.max_reads || qp.sq_used + 1 > qp.sq_capacity {
+                i += 1;
+                continue;
+            }
+            self.need_read.remove(i);
+            let r = &mut qp.requests[si as usize];
+            let HostData::Keyed { addr, key, .. } = r.host else { unreachable!("queued as keyed") };
+            let sge = [r.data_sge().expect("buffer attached")];
+            let wr = SendWr::rdma_read(wr_id(WrKind::Read, qp.gen, qi, si), &sge, addr, key);
+            match qp.qp.post_send(&[wr]) {
+                Ok(()) => {
+                    r.state = State::Reading;
+                    qp.sq_used += 1;
+                    qp.signaled += 1;
+                    qp.reads_in_flight += 1;
+                    n += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(peer = %qp.state.peer, "posting RDMA READ failed: {e}");
+                    r.req.complete(Status::DATA_TRANSFER_ERROR);
+                    self.to_send(qi, si);
+                }
+            }
+        }
+        n
+    }
+
+    fn execute(&mut self, qi: usize, si: u32, core: &mut CoreCtx) {
+        let qp = self.qpairs[qi].as_mut().expect("live qpair");
+        let r = &mut qp.requests[si as usize];
+        r.state = State::Executing;
+        if core.execute(&mut qp.state, &mut r.req) == Exec::Complete {
+            self.to_send(qi, si);
+        }
+    }
+
+    fn to_send(&mut self, qi: usize, si: u32) {
+        let qp = self.qpairs[qi].as_mut().expect("live qpair");
+        qp.requests[si as usize].state = State::NeedSend;
+        if !self.need_send.is_empty() || !try_send(qi, qp, si) {
+            self.need_send.push_back((qi, si));
+        }
+    }
+
+    fn serve_sends(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(&(qi, si)) = self.need_send.front() {
+            let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
+                self.need_send.pop_front();
+                continue;
+            };
+            if qp.requests[si as usize].state != State::NeedSend {
+                self.need_send.pop_front();
+                continue;
+            }
+            if !try_send(qi, qp, si) {
+                break;
+            }
+            self.need_send.pop_front();
+            n += 1;
+        }
+        n
+    }
+
+    /// Starts tearing a qpair down: tells the peer, detaches it from its controller, frees
+    /// what waits for nothing, and marks the send queue so its end is seen.
+    fn start_close(&mut self, qi: usize, core: &mut CoreCtx) {
+        let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else { return };
+        if qp.closing.is_some() {
+            return;
+        }
+        qp.closing = Some(Instant::now());
+        let _ = qp.cm_id.disconnect();
+        core.queue_closed(&mut qp.state);
+        let dev = &mut self.devices[qp.dev];
+        for r in &mut qp.requests {
+            if matches!(r.state, State::NeedBuffer | State::NeedRead | State::NeedSend) {
+                if let Some(recv) = r.recv.take() {
+                    dev.repost(recv);
+                }
+                release(r);
+            }
+        }
+        let marker = SendWr::send(wr_id(WrKind::Send, qp.gen, qi, DRAIN_SLOT), &[]);
+        if qp.qp.post_send(&[marker]).is_ok() {
+            qp.sq_used += 1;
+            qp.signaled += 1;
+        } else {
+            qp.drained = true;
+        }
+    }
+
+    /// Destroys closed qpairs whose work requests have all come back (or timed out) and
+    /// whose requests the core has finished with.
+    fn reap(&mut self, core: &mut CoreCtx) {
+        for qi in 0..self.qpairs.len() {
+            let Some(qp) = self.qpairs[qi].as_mut() else { continue };
+            if qp.closing.is_none() && qp.state.should_disconnect() {
+                self.start_close(qi, core);
+                continue;
+            }
+            let Some(since) = qp.closing else { continue };
+            let timed_out = since.elapsed() > DRAIN_TIMEOUT;
+            let wire_done = (qp.drained && qp.signaled == 0) || timed_out;
+            let executing = qp.requests.iter().any(|r| r.state == State::Executing);
+            if !wire_done || executing {
+                continue;
+            }
+            let qp = self.qpairs[qi].take().expect("checked above");
+            let dev = &mut self.devices[qp.dev];
+            for r in &qp.requests {
+                if let Some(recv) = r.recv {
+                    dev.repost(recv);
+                }
+            }
+            self.by_qp_num.remove(&qp.qp.qp_num());
+            self.by_token.remove(&qp.token);
+            self.gens[qi] = self.gens[qi].wrapping_add(1);
+            self.load.fetch_sub(1, Ordering::Relaxed);
+            tracing::debug!(peer = %qp.state.peer, "RDMA qpair destroyed");
+        }
+    }
+}
+
+/// Work requests a request's response takes: RDMA WRITE + SEND with data for the host.
+fn wrs_of(r: &RdmaRequest) -> u32 {
+    if r.req.dir == DataDirection::ControllerToHost && r.req.status().is_success() && r.req.data.is_some() {
+        2
+    } else {
+        1
+    }
+}
+
+/// Returns a request slot to the free state; its data buffer goes back to the pool.
+fn release(r: &mut RdmaRequest) {
+    r.req.data = None;
+    r.state = State::Free;
+}
+
+/// Posts the response (and the read data before it) if the send queue has room.
+fn try_send(qi: usize, qp: &mut Qpair, si: u32) -> bool {
+    let r = &mut qp.requests[si as usize];
+    let wrs = wrs_of(r);
+    if qp.sq_used + wrs > qp.sq_capacity {
+        return false;
+    }
+    let cqe_offset = si as usize * CQE_LEN;
+    qp.responses.write_at(cqe_offset, r.req.rsp.as_bytes());
+    let rsp_sge = [qp.responses.sge(cqe_offset, CQE_LEN).expect("slot inside the region")];
+    let send_id = wr_id(WrKind::Send, qp.gen, qi, si);
+    let send = match r.host {
+        HostData::Keyed { key, invalidate: true, .. } if qp.send_with_invalidate => {
+            SendWr::send_with_invalidate(send_id, &rsp_sge, key)
+        }
+        _ => SendWr::send(send_id, &rsp_sge),
+    };
+    let data_sge: [Sge; 1] = [r.data_sge().unwrap_or_default()];
+    let result = match (wrs, r.host) {
+        (2, HostData::Keyed { addr, key, .. }) => {
+            let write = SendWr::rdma_write(wr_id(WrKind::Write, qp.gen, qi, si), &data_sge, addr, key)
+                .signaled(false);
+            qp.qp.post_send(&[write, send])
+        }
+        _ => qp.qp.post_send(&[send]),
+    };
+    match result {
+        Ok(()) => {
+            qp.sq_used += wrs;
+            qp.signaled += 1;
+            r.state = State::Sending;
+        }
+        Err(e) => {
+            // The QP is gone (error state): the close path frees the request.
+            tracing::warn!(peer = %qp.state.peer, "posting the response failed: {e}");
+            release(r);
+        }
+    }
+    true
+}
+
+impl TransportPollGroup for RdmaPollGroup {
+    fn poll(&mut self, core: &mut CoreCtx) -> usize {
+        let mut work = 0;
+        for d in 0..self.devices.len() {
+            work += self.poll_device(d, core);
+        }
+        work += self.serve_buffers(core);
+        work += self.serve_reads();
+        work += self.serve_sends();
+        self.reap(core);
+        for dev in &mut self.devices {
+            if let Err(e) = dev.flush_reposts() {
+                tracing::error!("reposting receive buffers failed: {e}");
+            }
+        }
+        work
+    }
+
+    fn resume(&mut self, tag: ReqTag, wakeup: Wakeup, core: &mut CoreCtx) {
+        let (gen, qi, si) = parse_tag_slot(tag.slot());
+        let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else { return };
+        if qp.gen != gen {
+            return;
+        }
+        let Some(r) = qp.requests.get_mut(si as usize) else { return };
+        if r.state != State::Executing {
+            return;
+        }
+        if core.resume(&mut qp.state, &mut r.req, wakeup) == Exec::Complete {
+            if qp.closing.is_some() {
+                release(r);
+            } else {
+                self.to_send(qi, si);
+            }
+        }
+    }
+
+    fn qpair_count(&self) -> usize {
+        self.qpairs.iter().flatten().count()
+    }
+
+    fn shutdown(&mut self, core: &mut CoreCtx) {
+        for qi in 0..self.qpairs.len() {
+            self.start_close(qi, core);
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
