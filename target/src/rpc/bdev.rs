@@ -29,11 +29,20 @@ wire!(bdev_uring_create, uring::rpc_bdev_uring_create);
 wire!(bdev_uring_delete, uring::rpc_bdev_uring_delete);
 wire!(bdev_delay_create, delay::rpc_bdev_delay_create);
 wire!(bdev_delay_delete, delay::rpc_bdev_delay_delete);
-wire!(bdev_delay_update_latency, delay::rpc_bdev_delay_update_latency);
+wire!(
+    bdev_delay_update_latency,
+    delay::rpc_bdev_delay_update_latency
+);
 wire!(bdev_error_create, error_inject::rpc_bdev_error_create);
 wire!(bdev_error_delete, error_inject::rpc_bdev_error_delete);
-wire!(bdev_error_inject_error, error_inject::rpc_bdev_error_inject_error);
-wire!(bdev_error_resume_pending, error_inject::rpc_bdev_error_resume_pending);
+wire!(
+    bdev_error_inject_error,
+    error_inject::rpc_bdev_error_inject_error
+);
+wire!(
+    bdev_error_resume_pending,
+    error_inject::rpc_bdev_error_resume_pending
+);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,9 +62,9 @@ pub fn bdev_get_bdevs(c: &mut Control, params: Option<Value>) -> Result<Value, R
     let bdevs = &c.target.bdevs;
     match p.name {
         Some(name) => {
-            let bdev = bdevs
-                .get(&name)
-                .ok_or_else(|| RpcError::errno(libc::ENODEV, format!("No such device: bdev {name}")))?;
+            let bdev = bdevs.get(&name).ok_or_else(|| {
+                RpcError::errno(libc::ENODEV, format!("No such device: bdev {name}"))
+            })?;
             Ok(json!([describe(c, bdev)]))
         }
         None => Ok(Value::Array(bdevs.iter().map(|b| describe(c, b)).collect())),
@@ -74,7 +83,10 @@ fn describe(c: &Control, bdev: &BdevRef) -> Value {
         ("reset", false),
         ("nvme_admin", false),
         ("nvme_io", false),
-        ("write_zeroes", bdev.supports(IoKind::WriteZeroes) && !bdev.read_only()),
+        (
+            "write_zeroes",
+            bdev.supports(IoKind::WriteZeroes) && !bdev.read_only(),
+        ),
         ("compare", false),
         ("compare_and_write", false),
         ("abort", false),
@@ -123,7 +135,10 @@ pub fn config(c: &Control) -> Vec<Value> {
             if emitted.contains(b.name()) {
                 continue;
             }
-            if b.base_bdevs().iter().all(|base| emitted.contains(base) || c.target.bdevs.get(base).is_none()) {
+            if b.base_bdevs()
+                .iter()
+                .all(|base| emitted.contains(base) || c.target.bdevs.get(base).is_none())
+            {
                 out.push(b.config_entry());
                 emitted.insert(b.name().to_string());
             }

@@ -80,7 +80,8 @@ pub fn spdk_get_version(_: &mut Control, params: Option<Value>) -> Result<Value,
 pub fn framework_start_init(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
     no_params(params)?;
     if let Some(hook) = c.on_start_init.take() {
-        hook(&mut c.target).map_err(|e| RpcError::internal(format!("framework_start_init failed: {e}")))?;
+        hook(&mut c.target)
+            .map_err(|e| RpcError::internal(format!("framework_start_init failed: {e}")))?;
     }
     c.init_state = InitState::Running;
     Ok(Value::Bool(true))
@@ -124,7 +125,9 @@ pub fn framework_get_config(c: &mut Control, params: Option<Value>) -> Result<Va
     match p.name.as_str() {
         "bdev" => Ok(Value::Array(super::bdev::config(c))),
         "nvmf" => Ok(Value::Array(super::nvmf::config(c))),
-        other => Err(RpcError::invalid_params(format!("Subsystem not found: {other}"))),
+        other => Err(RpcError::invalid_params(format!(
+            "Subsystem not found: {other}"
+        ))),
     }
 }
 
@@ -191,7 +194,9 @@ pub struct HotplugParams {
 pub fn bdev_nvme_set_hotplug(_: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
     let p: HotplugParams = parse(params)?;
     if p.enable {
-        return Err(einval("enable: NVMe hotplug is not supported (there is no NVMe bdev module)"));
+        return Err(einval(
+            "enable: NVMe hotplug is not supported (there is no NVMe bdev module)",
+        ));
     }
     Ok(Value::Bool(true))
 }
@@ -240,7 +245,9 @@ pub fn accel_set_options(_: &mut Control, params: Option<Value>) -> Result<Value
 pub fn sock_impl_set_options(_: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
     let p = parse::<Map<String, Value>>(params)?;
     if !p.get("impl_name").is_some_and(Value::is_string) {
-        return Err(RpcError::invalid_params("Invalid parameters: missing field `impl_name`"));
+        return Err(RpcError::invalid_params(
+            "Invalid parameters: missing field `impl_name`",
+        ));
     }
     Ok(Value::Bool(true))
 }
@@ -254,14 +261,20 @@ pub struct SockSetDefaultImplParams {
 pub fn sock_set_default_impl(_: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
     let p: SockSetDefaultImplParams = parse(params)?;
     if p.impl_name != "posix" {
-        return Err(einval(format!("impl_name {}: only posix sockets exist here", p.impl_name)));
+        return Err(einval(format!(
+            "impl_name {}: only posix sockets exist here",
+            p.impl_name
+        )));
     }
     Ok(Value::Bool(true))
 }
 
 pub fn vmd_enable(_: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
     parse::<Map<String, Value>>(params)?;
-    Err(RpcError::errno(libc::EOPNOTSUPP, "VMD is not supported by this target"))
+    Err(RpcError::errno(
+        libc::EOPNOTSUPP,
+        "VMD is not supported by this target",
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -323,11 +336,20 @@ pub fn nvmf_set_config(_: &mut Control, params: Option<Value>) -> Result<Value, 
         }
     }
     if let Some(mask) = p.poll_groups_mask {
-        return Err(einval(format!("poll_groups_mask {mask}: poll group placement is set at start-up, not by RPC")));
+        return Err(einval(format!(
+            "poll_groups_mask {mask}: poll group placement is set at start-up, not by RPC"
+        )));
     }
     if let Some(a) = p.admin_cmd_passthru {
-        if a.identify_ctrlr || a.get_log_page || a.get_set_features || a.sanitize || a.vendor_specific {
-            return Err(einval("admin_cmd_passthru: no admin command is passed through to a backing device here"));
+        if a.identify_ctrlr
+            || a.get_log_page
+            || a.get_set_features
+            || a.sanitize
+            || a.vendor_specific
+        {
+            return Err(einval(
+                "admin_cmd_passthru: no admin command is passed through to a backing device here",
+            ));
         }
     }
     Ok(Value::Bool(true))
@@ -347,7 +369,9 @@ pub struct CrdtParams {
 pub fn nvmf_set_crdt(_: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
     let p: CrdtParams = parse(params)?;
     if p.crdt1 != 0 || p.crdt2 != 0 || p.crdt3 != 0 {
-        return Err(einval("crdt1..3: command retry delay times are not supported (Identify reports none)"));
+        return Err(einval(
+            "crdt1..3: command retry delay times are not supported (Identify reports none)",
+        ));
     }
     Ok(Value::Bool(true))
 }

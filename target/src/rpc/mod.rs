@@ -111,7 +111,11 @@ pub struct Method {
 }
 
 const fn m(name: &'static str, allowed: Allowed, handler: Handler) -> Method {
-    Method { name, allowed, handler }
+    Method {
+        name,
+        allowed,
+        handler,
+    }
 }
 
 use Allowed::{Always, RuntimeOnly, StartupOnly};
@@ -120,22 +124,66 @@ use Allowed::{Always, RuntimeOnly, StartupOnly};
 pub static METHODS: &[Method] = &[
     m("rpc_get_methods", Always, framework::rpc_get_methods),
     m("spdk_get_version", Always, framework::spdk_get_version),
-    m("framework_start_init", StartupOnly, framework::framework_start_init),
-    m("framework_wait_init", Always, framework::framework_wait_init),
-    m("framework_get_subsystems", Always, framework::framework_get_subsystems),
-    m("framework_get_config", Always, framework::framework_get_config),
-    m("framework_set_scheduler", Always, framework::framework_set_scheduler),
+    m(
+        "framework_start_init",
+        StartupOnly,
+        framework::framework_start_init,
+    ),
+    m(
+        "framework_wait_init",
+        Always,
+        framework::framework_wait_init,
+    ),
+    m(
+        "framework_get_subsystems",
+        Always,
+        framework::framework_get_subsystems,
+    ),
+    m(
+        "framework_get_config",
+        Always,
+        framework::framework_get_config,
+    ),
+    m(
+        "framework_set_scheduler",
+        Always,
+        framework::framework_set_scheduler,
+    ),
     // Framework settings SPDK saves (accepted where default or irrelevant, see framework.rs).
     m("bdev_set_options", Always, framework::bdev_set_options),
-    m("bdev_wait_for_examine", Always, framework::bdev_wait_for_examine),
-    m("bdev_nvme_set_options", Always, framework::bdev_nvme_set_options),
-    m("bdev_nvme_set_hotplug", Always, framework::bdev_nvme_set_hotplug),
+    m(
+        "bdev_wait_for_examine",
+        Always,
+        framework::bdev_wait_for_examine,
+    ),
+    m(
+        "bdev_nvme_set_options",
+        Always,
+        framework::bdev_nvme_set_options,
+    ),
+    m(
+        "bdev_nvme_set_hotplug",
+        Always,
+        framework::bdev_nvme_set_hotplug,
+    ),
     m("iobuf_set_options", Always, framework::iobuf_set_options),
     m("accel_set_options", Always, framework::accel_set_options),
-    m("sock_impl_set_options", Always, framework::sock_impl_set_options),
-    m("sock_set_default_impl", Always, framework::sock_set_default_impl),
+    m(
+        "sock_impl_set_options",
+        Always,
+        framework::sock_impl_set_options,
+    ),
+    m(
+        "sock_set_default_impl",
+        Always,
+        framework::sock_set_default_impl,
+    ),
     m("vmd_enable", Always, framework::vmd_enable),
-    m("nvmf_set_max_subsystems", Always, framework::nvmf_set_max_subsystems),
+    m(
+        "nvmf_set_max_subsystems",
+        Always,
+        framework::nvmf_set_max_subsystems,
+    ),
     m("nvmf_set_config", Always, framework::nvmf_set_config),
     m("nvmf_set_crdt", Always, framework::nvmf_set_crdt),
     // Bdevs.
@@ -150,27 +198,99 @@ pub static METHODS: &[Method] = &[
     m("bdev_uring_delete", RuntimeOnly, bdev::bdev_uring_delete),
     m("bdev_delay_create", RuntimeOnly, bdev::bdev_delay_create),
     m("bdev_delay_delete", RuntimeOnly, bdev::bdev_delay_delete),
-    m("bdev_delay_update_latency", RuntimeOnly, bdev::bdev_delay_update_latency),
+    m(
+        "bdev_delay_update_latency",
+        RuntimeOnly,
+        bdev::bdev_delay_update_latency,
+    ),
     m("bdev_error_create", RuntimeOnly, bdev::bdev_error_create),
     m("bdev_error_delete", RuntimeOnly, bdev::bdev_error_delete),
-    m("bdev_error_inject_error", RuntimeOnly, bdev::bdev_error_inject_error),
-    m("bdev_error_resume_pending", RuntimeOnly, bdev::bdev_error_resume_pending),
+    m(
+        "bdev_error_inject_error",
+        RuntimeOnly,
+        bdev::bdev_error_inject_error,
+    ),
+    m(
+        "bdev_error_resume_pending",
+        RuntimeOnly,
+        bdev::bdev_error_resume_pending,
+    ),
     // NVMe-oF.
-    m("nvmf_create_transport", RuntimeOnly, nvmf::nvmf_create_transport),
-    m("nvmf_get_transports", RuntimeOnly, nvmf::nvmf_get_transports),
-    m("nvmf_create_subsystem", RuntimeOnly, nvmf::nvmf_create_subsystem),
-    m("nvmf_delete_subsystem", RuntimeOnly, nvmf::nvmf_delete_subsystem),
-    m("nvmf_get_subsystems", RuntimeOnly, nvmf::nvmf_get_subsystems),
-    m("nvmf_subsystem_add_listener", RuntimeOnly, nvmf::nvmf_subsystem_add_listener),
-    m("nvmf_subsystem_remove_listener", RuntimeOnly, nvmf::nvmf_subsystem_remove_listener),
-    m("nvmf_subsystem_get_listeners", RuntimeOnly, nvmf::nvmf_subsystem_get_listeners),
-    m("nvmf_subsystem_add_ns", RuntimeOnly, nvmf::nvmf_subsystem_add_ns),
-    m("nvmf_subsystem_remove_ns", RuntimeOnly, nvmf::nvmf_subsystem_remove_ns),
-    m("nvmf_subsystem_add_host", RuntimeOnly, nvmf::nvmf_subsystem_add_host),
-    m("nvmf_subsystem_remove_host", RuntimeOnly, nvmf::nvmf_subsystem_remove_host),
-    m("nvmf_subsystem_allow_any_host", RuntimeOnly, nvmf::nvmf_subsystem_allow_any_host),
-    m("nvmf_subsystem_get_controllers", RuntimeOnly, nvmf::nvmf_subsystem_get_controllers),
-    m("nvmf_subsystem_get_qpairs", RuntimeOnly, nvmf::nvmf_subsystem_get_qpairs),
+    m(
+        "nvmf_create_transport",
+        RuntimeOnly,
+        nvmf::nvmf_create_transport,
+    ),
+    m(
+        "nvmf_get_transports",
+        RuntimeOnly,
+        nvmf::nvmf_get_transports,
+    ),
+    m(
+        "nvmf_create_subsystem",
+        RuntimeOnly,
+        nvmf::nvmf_create_subsystem,
+    ),
+    m(
+        "nvmf_delete_subsystem",
+        RuntimeOnly,
+        nvmf::nvmf_delete_subsystem,
+    ),
+    m(
+        "nvmf_get_subsystems",
+        RuntimeOnly,
+        nvmf::nvmf_get_subsystems,
+    ),
+    m(
+        "nvmf_subsystem_add_listener",
+        RuntimeOnly,
+        nvmf::nvmf_subsystem_add_listener,
+    ),
+    m(
+        "nvmf_subsystem_remove_listener",
+        RuntimeOnly,
+        nvmf::nvmf_subsystem_remove_listener,
+    ),
+    m(
+        "nvmf_subsystem_get_listeners",
+        RuntimeOnly,
+        nvmf::nvmf_subsystem_get_listeners,
+    ),
+    m(
+        "nvmf_subsystem_add_ns",
+        RuntimeOnly,
+        nvmf::nvmf_subsystem_add_ns,
+    ),
+    m(
+        "nvmf_subsystem_remove_ns",
+        RuntimeOnly,
+        nvmf::nvmf_subsystem_remove_ns,
+    ),
+    m(
+        "nvmf_subsystem_add_host",
+        RuntimeOnly,
+        nvmf::nvmf_subsystem_add_host,
+    ),
+    m(
+        "nvmf_subsystem_remove_host",
+        RuntimeOnly,
+        nvmf::nvmf_subsystem_remove_host,
+    ),
+    m(
+        "nvmf_subsystem_allow_any_host",
+        RuntimeOnly,
+        nvmf::nvmf_subsystem_allow_any_host,
+    ),
+    m(
+        "nvmf_subsystem_get_controllers",
+        RuntimeOnly,
+        nvmf::nvmf_subsystem_get_controllers,
+    ),
+    m(
+        "nvmf_subsystem_get_qpairs",
+        RuntimeOnly,
+        nvmf::nvmf_subsystem_get_qpairs,
+    ),
     m("nvmf_get_stats", RuntimeOnly, nvmf::nvmf_get_stats),
 ];
 
@@ -184,9 +304,16 @@ pub fn find_method(name: &str) -> Option<&'static Method> {
 }
 
 /// Runs one method.
-pub fn dispatch(control: &mut Control, method: &str, params: Option<Value>) -> Result<Value, RpcError> {
+pub fn dispatch(
+    control: &mut Control,
+    method: &str,
+    params: Option<Value>,
+) -> Result<Value, RpcError> {
     let Some(m) = find_method(method) else {
-        return Err(RpcError::new(RpcError::METHOD_NOT_FOUND, format!("Method not found: {method}")));
+        return Err(RpcError::new(
+            RpcError::METHOD_NOT_FOUND,
+            format!("Method not found: {method}"),
+        ));
     };
     if !m.allowed.permits(control.init_state) {
         let message = match control.init_state {
@@ -271,35 +398,55 @@ pub fn load_config(control: &mut Control, json: &Value) -> Result<(), ConfigErro
         let name = sub
             .get("subsystem")
             .and_then(Value::as_str)
-            .ok_or_else(|| ConfigError::Format(format!("subsystems[{si}] has no \"subsystem\" name")))?;
+            .ok_or_else(|| {
+                ConfigError::Format(format!("subsystems[{si}] has no \"subsystem\" name"))
+            })?;
         let config = match sub.get("config") {
             None | Some(Value::Null) => continue,
             Some(Value::Array(c)) => c,
-            Some(_) => return Err(ConfigError::Format(format!("subsystem {name}: \"config\" is not an array"))),
+            Some(_) => {
+                return Err(ConfigError::Format(format!(
+                    "subsystem {name}: \"config\" is not an array"
+                )))
+            }
         };
         for (index, entry) in config.iter().enumerate() {
             let method = entry.get("method").and_then(Value::as_str).ok_or_else(|| {
-                ConfigError::Format(format!("subsystem {name}, entry {index}: no \"method\" string"))
+                ConfigError::Format(format!(
+                    "subsystem {name}, entry {index}: no \"method\" string"
+                ))
             })?;
-            entries.push((name.to_string(), index, method.to_string(), entry.get("params").cloned()));
+            entries.push((
+                name.to_string(),
+                index,
+                method.to_string(),
+                entry.get("params").cloned(),
+            ));
         }
     }
     // Refuse unknown methods before running anything.
-    if let Some((subsystem, index, method, _)) = entries.iter().find(|e| find_method(&e.2).is_none()) {
+    if let Some((subsystem, index, method, _)) =
+        entries.iter().find(|e| find_method(&e.2).is_none())
+    {
         return Err(ConfigError::Entry {
             subsystem: subsystem.clone(),
             index: *index,
             method: method.clone(),
-            error: RpcError::new(RpcError::METHOD_NOT_FOUND, format!("Method not found: {method}")),
+            error: RpcError::new(
+                RpcError::METHOD_NOT_FOUND,
+                format!("Method not found: {method}"),
+            ),
         });
     }
     let run = |control: &mut Control, e: &(String, usize, String, Option<Value>)| {
-        dispatch(control, &e.2, e.3.clone()).map(|_| ()).map_err(|error| ConfigError::Entry {
-            subsystem: e.0.clone(),
-            index: e.1,
-            method: e.2.clone(),
-            error,
-        })
+        dispatch(control, &e.2, e.3.clone())
+            .map(|_| ())
+            .map_err(|error| ConfigError::Entry {
+                subsystem: e.0.clone(),
+                index: e.1,
+                method: e.2.clone(),
+                error,
+            })
     };
     if control.init_state == InitState::WaitingForRpc {
         let (early, late): (Vec<_>, Vec<_>) = entries.into_iter().partition(|e| {

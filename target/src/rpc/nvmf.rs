@@ -42,7 +42,12 @@ fn hex_upper(bytes: &[u8]) -> String {
 }
 
 fn parse_hex<const N: usize>(field: &str, s: &str) -> Result<[u8; N], RpcError> {
-    let bad = || einval(format!("{field}: {s:?} is not {} hexadecimal digits", N * 2));
+    let bad = || {
+        einval(format!(
+            "{field}: {s:?} is not {} hexadecimal digits",
+            N * 2
+        ))
+    };
     if s.len() != N * 2 || !s.is_ascii() {
         return Err(bad());
     }
@@ -68,7 +73,10 @@ pub fn nvmf_create_transport(c: &mut Control, params: Option<Value>) -> Result<V
         ));
     }
     let transport = (c.transport_factory)(&opts).map_err(|e| {
-        RpcError::internal(format!("Transport type '{}' create failed: {e}", kind.name()))
+        RpcError::internal(format!(
+            "Transport type '{}' create failed: {e}",
+            kind.name()
+        ))
     })?;
     c.target.add_transport(transport)?;
     Ok(true_())
@@ -88,13 +96,14 @@ pub fn nvmf_get_transports(c: &mut Control, params: Option<Value>) -> Result<Val
     check_tgt_name(p.tgt_name.as_deref())?;
     match p.trtype {
         Some(t) => {
-            let transport = c
-                .target
-                .transport(&t)
-                .ok_or_else(|| RpcError::errno(libc::ENODEV, format!("No such device: transport {t}")))?;
+            let transport = c.target.transport(&t).ok_or_else(|| {
+                RpcError::errno(libc::ENODEV, format!("No such device: transport {t}"))
+            })?;
             Ok(json!([transport.options()]))
         }
-        None => Ok(Value::Array(c.target.transports().iter().map(|t| t.options()).collect())),
+        None => Ok(Value::Array(
+            c.target.transports().iter().map(|t| t.options()).collect(),
+        )),
     }
 }
 
@@ -138,9 +147,21 @@ pub struct CreateSubsystemParams {
 pub fn nvmf_create_subsystem(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
     let p: CreateSubsystemParams = parse(params)?;
     check_tgt_name(p.tgt_name.as_deref())?;
-    refuse_if(p.ana_reporting, "ana_reporting", "ANA reporting is not supported")?;
-    refuse_if(p.passthrough, "passthrough", "NVMe passthrough is not supported")?;
-    refuse_if(p.enable_nssr, "enable_nssr", "NVM subsystem reset is not supported")?;
+    refuse_if(
+        p.ana_reporting,
+        "ana_reporting",
+        "ANA reporting is not supported",
+    )?;
+    refuse_if(
+        p.passthrough,
+        "passthrough",
+        "NVMe passthrough is not supported",
+    )?;
+    refuse_if(
+        p.enable_nssr,
+        "enable_nssr",
+        "NVM subsystem reset is not supported",
+    )?;
     refuse_if(
         p.max_discard_size_kib.is_some() || p.dmrsl.is_some_and(|v| v != 0),
         "max_discard_size_kib/dmrsl",
@@ -155,7 +176,10 @@ pub fn nvmf_create_subsystem(c: &mut Control, params: Option<Value>) -> Result<V
     if existing >= c.max_subsystems && c.target.subsystem(&p.nqn).is_err() {
         return Err(RpcError::errno(
             libc::ENOSPC,
-            format!("Unable to create subsystem {}: max_subsystems ({}) reached", p.nqn, c.max_subsystems),
+            format!(
+                "Unable to create subsystem {}: max_subsystems ({}) reached",
+                p.nqn, c.max_subsystems
+            ),
         ));
     }
     let defaults = SubsystemOptions::default();
@@ -248,13 +272,17 @@ pub fn nvmf_get_subsystems(c: &mut Control, params: Option<Value>) -> Result<Val
     check_tgt_name(p.tgt_name.as_deref())?;
     match p.nqn {
         Some(nqn) => {
-            let s = c
-                .target
-                .subsystem(&nqn)
-                .map_err(|_| RpcError::errno(libc::ENODEV, format!("No such device: subsystem {nqn}")))?;
+            let s = c.target.subsystem(&nqn).map_err(|_| {
+                RpcError::errno(libc::ENODEV, format!("No such device: subsystem {nqn}"))
+            })?;
             Ok(json!([dump_subsystem(s)]))
         }
-        None => Ok(Value::Array(subsystems_in_order(c).into_iter().map(dump_subsystem).collect())),
+        None => Ok(Value::Array(
+            subsystems_in_order(c)
+                .into_iter()
+                .map(dump_subsystem)
+                .collect(),
+        )),
     }
 }
 
@@ -276,9 +304,18 @@ impl ListenAddressParams {
     /// SPDK's spelling: trtype upper case, adrfam IPv4 by default for RDMA and TCP, service id
     /// required for them.
     pub fn to_address(&self) -> Result<ListenAddress, RpcError> {
-        let kind = TransportKind::parse(&self.trtype)
-            .ok_or_else(|| einval(format!("listen_address.trtype: invalid transport type {}", self.trtype)))?;
-        let adrfam = match self.adrfam.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        let kind = TransportKind::parse(&self.trtype).ok_or_else(|| {
+            einval(format!(
+                "listen_address.trtype: invalid transport type {}",
+                self.trtype
+            ))
+        })?;
+        let adrfam = match self
+            .adrfam
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
             None => match kind {
                 TransportKind::Loopback => "INTRA_HOST",
                 _ => "IPv4",
@@ -288,7 +325,11 @@ impl ListenAddressParams {
             Some("ib") => "IB",
             Some("fc") => "FC",
             Some("intra_host") => "INTRA_HOST",
-            Some(other) => return Err(einval(format!("listen_address.adrfam: invalid address family {other}"))),
+            Some(other) => {
+                return Err(einval(format!(
+                    "listen_address.adrfam: invalid address family {other}"
+                )))
+            }
         };
         if self.traddr.len() > 256 {
             return Err(einval("listen_address.traddr: longer than 256 characters"));
@@ -298,7 +339,10 @@ impl ListenAddressParams {
             return Err(einval("listen_address.trsvcid: longer than 32 characters"));
         }
         if trsvcid.is_empty() && matches!(kind, TransportKind::Rdma | TransportKind::Tcp) {
-            return Err(einval(format!("listen_address.trsvcid: a service id is required for {}", kind.name())));
+            return Err(einval(format!(
+                "listen_address.trsvcid: a service id is required for {}",
+                kind.name()
+            )));
         }
         Ok(ListenAddress {
             trtype: kind.name().to_string(),
@@ -324,12 +368,23 @@ pub struct AddListenerParams {
     pub sock_impl: Option<String>,
 }
 
-pub fn nvmf_subsystem_add_listener(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+pub fn nvmf_subsystem_add_listener(
+    c: &mut Control,
+    params: Option<Value>,
+) -> Result<Value, RpcError> {
     let p: AddListenerParams = parse(params)?;
     check_tgt_name(p.tgt_name.as_deref())?;
-    refuse_if(p.secure_channel, "secure_channel", "TLS secure channels are not supported")?;
+    refuse_if(
+        p.secure_channel,
+        "secure_channel",
+        "TLS secure channels are not supported",
+    )?;
     refuse_if(p.ana_state.is_some(), "ana_state", "ANA is not supported")?;
-    refuse_if(p.sock_impl.is_some(), "sock_impl", "no listener here uses SPDK's socket layer")?;
+    refuse_if(
+        p.sock_impl.is_some(),
+        "sock_impl",
+        "no listener here uses SPDK's socket layer",
+    )?;
     let addr = p.listen_address.to_address()?;
     c.target.add_listener(&p.nqn, addr)?;
     Ok(true_())
@@ -344,7 +399,10 @@ pub struct RemoveListenerParams {
     pub tgt_name: Option<String>,
 }
 
-pub fn nvmf_subsystem_remove_listener(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+pub fn nvmf_subsystem_remove_listener(
+    c: &mut Control,
+    params: Option<Value>,
+) -> Result<Value, RpcError> {
     let p: RemoveListenerParams = parse(params)?;
     check_tgt_name(p.tgt_name.as_deref())?;
     let addr = p.listen_address.to_address()?;
@@ -352,12 +410,18 @@ pub fn nvmf_subsystem_remove_listener(c: &mut Control, params: Option<Value>) ->
     Ok(true_())
 }
 
-pub fn nvmf_subsystem_get_listeners(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+pub fn nvmf_subsystem_get_listeners(
+    c: &mut Control,
+    params: Option<Value>,
+) -> Result<Value, RpcError> {
     let p: NqnParams = parse(params)?;
     check_tgt_name(p.tgt_name.as_deref())?;
     let s = c.target.subsystem(&p.nqn)?;
     Ok(Value::Array(
-        s.listeners.iter().map(|a| json!({"address": address_json(a)})).collect(),
+        s.listeners
+            .iter()
+            .map(|a| json!({"address": address_json(a)}))
+            .collect(),
     ))
 }
 
@@ -400,16 +464,43 @@ pub fn nvmf_subsystem_add_ns(c: &mut Control, params: Option<Value>) -> Result<V
     let p: AddNsParams = parse(params)?;
     check_tgt_name(p.tgt_name.as_deref())?;
     let ns = p.namespace;
-    refuse_if(ns.ptpl_file.is_some(), "namespace.ptpl_file", "persistent reservations are not supported")?;
-    refuse_if(ns.anagrpid != 0, "namespace.anagrpid", "ANA is not supported")?;
-    refuse_if(ns.no_auto_visible, "namespace.no_auto_visible", "per-host namespace visibility is not supported")?;
-    refuse_if(ns.hide_metadata, "namespace.hide_metadata", "bdev metadata is not supported")?;
-    let nguid = ns.nguid.as_deref().map(|s| parse_hex::<16>("namespace.nguid", s)).transpose()?;
-    let eui64 = ns.eui64.as_deref().map(|s| parse_hex::<8>("namespace.eui64", s)).transpose()?;
+    refuse_if(
+        ns.ptpl_file.is_some(),
+        "namespace.ptpl_file",
+        "persistent reservations are not supported",
+    )?;
+    refuse_if(
+        ns.anagrpid != 0,
+        "namespace.anagrpid",
+        "ANA is not supported",
+    )?;
+    refuse_if(
+        ns.no_auto_visible,
+        "namespace.no_auto_visible",
+        "per-host namespace visibility is not supported",
+    )?;
+    refuse_if(
+        ns.hide_metadata,
+        "namespace.hide_metadata",
+        "bdev metadata is not supported",
+    )?;
+    let nguid = ns
+        .nguid
+        .as_deref()
+        .map(|s| parse_hex::<16>("namespace.nguid", s))
+        .transpose()?;
+    let eui64 = ns
+        .eui64
+        .as_deref()
+        .map(|s| parse_hex::<8>("namespace.eui64", s))
+        .transpose()?;
     let uuid = ns
         .uuid
         .as_deref()
-        .map(|s| util::parse_uuid(s).ok_or_else(|| einval(format!("namespace.uuid: {s:?} is not a UUID"))))
+        .map(|s| {
+            util::parse_uuid(s)
+                .ok_or_else(|| einval(format!("namespace.uuid: {s:?} is not a UUID")))
+        })
         .transpose()?;
     let nsid = c.target.add_namespace(
         &p.nqn,
@@ -461,9 +552,21 @@ pub struct AddHostParams {
 pub fn nvmf_subsystem_add_host(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
     let p: AddHostParams = parse(params)?;
     check_tgt_name(p.tgt_name.as_deref())?;
-    refuse_if(p.psk.is_some(), "psk", "TLS pre-shared keys are not supported")?;
-    refuse_if(p.dhchap_key.is_some(), "dhchap_key", "DH-HMAC-CHAP authentication is not supported")?;
-    refuse_if(p.dhchap_ctrlr_key.is_some(), "dhchap_ctrlr_key", "DH-HMAC-CHAP authentication is not supported")?;
+    refuse_if(
+        p.psk.is_some(),
+        "psk",
+        "TLS pre-shared keys are not supported",
+    )?;
+    refuse_if(
+        p.dhchap_key.is_some(),
+        "dhchap_key",
+        "DH-HMAC-CHAP authentication is not supported",
+    )?;
+    refuse_if(
+        p.dhchap_ctrlr_key.is_some(),
+        "dhchap_ctrlr_key",
+        "DH-HMAC-CHAP authentication is not supported",
+    )?;
     c.target.add_host(&p.nqn, &p.host)?;
     Ok(true_())
 }
@@ -481,7 +584,10 @@ pub struct RemoveHostParams {
 }
 
 /// Removes the host and disconnects its controllers, as SPDK does.
-pub fn nvmf_subsystem_remove_host(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+pub fn nvmf_subsystem_remove_host(
+    c: &mut Control,
+    params: Option<Value>,
+) -> Result<Value, RpcError> {
     let p: RemoveHostParams = parse(params)?;
     check_tgt_name(p.tgt_name.as_deref())?;
     let _ = p.timeout_ms;
@@ -504,7 +610,10 @@ pub struct AllowAnyHostParams {
     pub tgt_name: Option<String>,
 }
 
-pub fn nvmf_subsystem_allow_any_host(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+pub fn nvmf_subsystem_allow_any_host(
+    c: &mut Control,
+    params: Option<Value>,
+) -> Result<Value, RpcError> {
     let p: AllowAnyHostParams = parse(params)?;
     check_tgt_name(p.tgt_name.as_deref())?;
     c.target.allow_any_host(&p.nqn, p.allow_any_host)?;
@@ -518,7 +627,10 @@ fn group_name(index: usize) -> String {
     format!("nvmf_tgt_poll_group_{index:03}")
 }
 
-pub fn nvmf_subsystem_get_controllers(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+pub fn nvmf_subsystem_get_controllers(
+    c: &mut Control,
+    params: Option<Value>,
+) -> Result<Value, RpcError> {
     let p: NqnParams = parse(params)?;
     check_tgt_name(p.tgt_name.as_deref())?;
     let s = c.target.subsystem(&p.nqn)?;
@@ -542,7 +654,10 @@ pub fn nvmf_subsystem_get_controllers(c: &mut Control, params: Option<Value>) ->
 
 /// Per controller, its connected queues. The reactor serving an I/O queue and the queue's
 /// addresses are not tracked by the control plane, so only the admin queue names its thread.
-pub fn nvmf_subsystem_get_qpairs(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+pub fn nvmf_subsystem_get_qpairs(
+    c: &mut Control,
+    params: Option<Value>,
+) -> Result<Value, RpcError> {
     let p: NqnParams = parse(params)?;
     check_tgt_name(p.tgt_name.as_deref())?;
     let s = c.target.subsystem(&p.nqn)?;
@@ -605,7 +720,10 @@ pub fn nvmf_get_stats(c: &mut Control, params: Option<Value>) -> Result<Value, R
                     .collect();
                 return Err(RpcError::errno(
                     libc::ETIMEDOUT,
-                    format!("poll groups {missing:?} did not answer within {:?}", c.stats_timeout),
+                    format!(
+                        "poll groups {missing:?} did not answer within {:?}",
+                        c.stats_timeout
+                    ),
                 ));
             }
         }
@@ -651,7 +769,10 @@ fn listener_entry(nqn: &str, a: &ListenAddress) -> Value {
 /// then per subsystem its creation, listeners, hosts and namespaces. Unlike SPDK, listeners of
 /// the discovery subsystem are written too (right after the transports), so they come back.
 pub fn config(c: &Control) -> Vec<Value> {
-    let mut out = vec![entry("nvmf_set_max_subsystems", json!({"max_subsystems": c.max_subsystems}))];
+    let mut out = vec![entry(
+        "nvmf_set_max_subsystems",
+        json!({"max_subsystems": c.max_subsystems}),
+    )];
     for t in c.target.transports() {
         out.push(entry("nvmf_create_transport", t.options()));
     }
@@ -679,7 +800,10 @@ pub fn config(c: &Control) -> Vec<Value> {
             out.push(listener_entry(&s.nqn, a));
         }
         for h in &s.hosts {
-            out.push(entry("nvmf_subsystem_add_host", json!({"nqn": s.nqn, "host": h})));
+            out.push(entry(
+                "nvmf_subsystem_add_host",
+                json!({"nqn": s.nqn, "host": h}),
+            ));
         }
         for ns in s.namespaces.values() {
             let mut n = json!({"nsid": ns.nsid, "bdev_name": ns.bdev.name()});
@@ -692,7 +816,10 @@ pub fn config(c: &Control) -> Vec<Value> {
             if ns.uuid != [0; 16] {
                 n["uuid"] = json!(util::format_uuid(&ns.uuid));
             }
-            out.push(entry("nvmf_subsystem_add_ns", json!({"nqn": s.nqn, "namespace": n})));
+            out.push(entry(
+                "nvmf_subsystem_add_ns",
+                json!({"nqn": s.nqn, "namespace": n}),
+            ));
         }
     }
     out

@@ -197,8 +197,12 @@ impl TransportOptions {
     }
 
     pub fn kind(&self) -> Result<TransportKind, String> {
-        TransportKind::parse(&self.trtype)
-            .ok_or_else(|| format!("Invalid transport type '{}' (RDMA, TCP or LOOPBACK)", self.trtype))
+        TransportKind::parse(&self.trtype).ok_or_else(|| {
+            format!(
+                "Invalid transport type '{}' (RDMA, TCP or LOOPBACK)",
+                self.trtype
+            )
+        })
     }
 
     /// Checks every parameter; `Err` names the first one refused and why.
@@ -212,22 +216,37 @@ impl TransportOptions {
             );
         }
         if self.zcopy {
-            return refuse("zcopy", "zero-copy bdev I/O is not supported by this target");
+            return refuse(
+                "zcopy",
+                "zero-copy bdev I/O is not supported by this target",
+            );
         }
         if let Some(kas) = self.kas {
-            return refuse("kas", &format!("{kas}: the keep-alive granularity is fixed by the target core"));
+            return refuse(
+                "kas",
+                &format!("{kas}: the keep-alive granularity is fixed by the target core"),
+            );
         }
         if let Some(kato) = self.min_kato {
-            return refuse("min_kato", &format!("{kato}: a minimum KATO is not enforced by this target"));
+            return refuse(
+                "min_kato",
+                &format!("{kato}: a minimum KATO is not enforced by this target"),
+            );
         }
         if self.masked_oncs.as_ref().is_some_and(|v| !v.is_empty()) {
-            return refuse("masked_oncs", "masking optional NVM commands is not supported");
+            return refuse(
+                "masked_oncs",
+                "masking optional NVM commands is not supported",
+            );
         }
         if self.masked_fuses.as_ref().is_some_and(|v| !v.is_empty()) {
             return refuse("masked_fuses", "masking fused operations is not supported");
         }
         if self.max_queue_depth < 2 {
-            return refuse("max_queue_depth", "must be at least 2 (CAP.MQES is zero-based)");
+            return refuse(
+                "max_queue_depth",
+                "must be at least 2 (CAP.MQES is zero-based)",
+            );
         }
         if self.max_io_qpairs_per_ctrlr == 0 || self.max_io_qpairs_per_ctrlr == u16::MAX {
             return refuse("max_io_qpairs_per_ctrlr", "must be between 1 and 65534");
@@ -235,25 +254,36 @@ impl TransportOptions {
         if !(MIN_ADMIN_QUEUE_DEPTH..=4096).contains(&self.max_aq_depth) {
             return refuse(
                 "max_aq_depth",
-                &format!("{} must be between 32 (NVMe-oF minimum) and 4096", self.max_aq_depth),
+                &format!(
+                    "{} must be between 32 (NVMe-oF minimum) and 4096",
+                    self.max_aq_depth
+                ),
             );
         }
-        if self.in_capsule_data_size % 16 != 0 {
+        if self.in_capsule_data_size & 15 != 0 {
             return refuse(
                 "in_capsule_data_size",
-                &format!("{} must be a multiple of 16 (IOCCSZ counts 16-byte units)", self.in_capsule_data_size),
+                &format!(
+                    "{} must be a multiple of 16 (IOCCSZ counts 16-byte units)",
+                    self.in_capsule_data_size
+                ),
             );
         }
         if !self.max_io_size.is_power_of_two() || self.max_io_size < 8192 {
             return refuse(
                 "max_io_size",
-                &format!("{} must be a power of two of at least 8192 (as SPDK requires)", self.max_io_size),
+                &format!(
+                    "{} must be a power of two of at least 8192 (as SPDK requires)",
+                    self.max_io_size
+                ),
             );
         }
         if self.io_unit_size == 0 {
             return refuse("io_unit_size", "cannot be 0");
         }
-        if kind == TransportKind::Rdma && self.max_io_size.div_ceil(self.io_unit_size) > MAX_IO_UNITS_PER_IO {
+        if kind == TransportKind::Rdma
+            && self.max_io_size.div_ceil(self.io_unit_size) > MAX_IO_UNITS_PER_IO
+        {
             return refuse(
                 "io_unit_size",
                 &format!(
@@ -265,7 +295,10 @@ impl TransportOptions {
         if self.num_shared_buffers < MIN_SHARED_BUFFERS {
             return refuse(
                 "num_shared_buffers",
-                &format!("{} is below the {MIN_SHARED_BUFFERS} needed to guarantee progress", self.num_shared_buffers),
+                &format!(
+                    "{} is below the {MIN_SHARED_BUFFERS} needed to guarantee progress",
+                    self.num_shared_buffers
+                ),
             );
         }
         if self.acceptor_backlog < 1 {
@@ -276,26 +309,41 @@ impl TransportOptions {
         }
         if kind != TransportKind::Rdma {
             let rdma_only = [
-                ("max_srq_depth", self.max_srq_depth != RDMA_DEFAULT_SRQ_DEPTH),
+                (
+                    "max_srq_depth",
+                    self.max_srq_depth != RDMA_DEFAULT_SRQ_DEPTH,
+                ),
                 ("no_srq", self.no_srq),
                 ("num_cqe", self.num_cqe != RDMA_DEFAULT_NUM_CQE),
-                ("acceptor_backlog", self.acceptor_backlog != RDMA_DEFAULT_ACCEPTOR_BACKLOG),
+                (
+                    "acceptor_backlog",
+                    self.acceptor_backlog != RDMA_DEFAULT_ACCEPTOR_BACKLOG,
+                ),
                 ("no_wr_batching", self.no_wr_batching),
                 ("ack_timeout", self.ack_timeout != 0),
                 ("data_wr_pool_size", self.data_wr_pool_size != 0),
             ];
             if let Some((field, _)) = rdma_only.iter().find(|(_, set)| *set) {
-                return refuse(field, &format!("applies to the RDMA transport only, not {}", kind.name()));
+                return refuse(
+                    field,
+                    &format!("applies to the RDMA transport only, not {}", kind.name()),
+                );
             }
         }
         if kind != TransportKind::Tcp {
             let tcp_only = [
                 ("c2h_success", !self.c2h_success),
                 ("sock_priority", self.sock_priority != 0),
-                ("control_msg_num", self.control_msg_num != TCP_DEFAULT_CONTROL_MSG_NUM),
+                (
+                    "control_msg_num",
+                    self.control_msg_num != TCP_DEFAULT_CONTROL_MSG_NUM,
+                ),
             ];
             if let Some((field, _)) = tcp_only.iter().find(|(_, set)| *set) {
-                return refuse(field, &format!("applies to the TCP transport only, not {}", kind.name()));
+                return refuse(
+                    field,
+                    &format!("applies to the TCP transport only, not {}", kind.name()),
+                );
             }
         }
         Ok(())
@@ -396,7 +444,21 @@ mod tests {
         o.no_srq = true;
         o.num_cqe = 1024;
         let v = o.to_value();
-        for field in ["trtype", "max_io_qpairs_per_ctrlr", "io_unit_size", "max_srq_depth", "no_srq", "num_cqe", "acceptor_backlog", "no_wr_batching", "abort_timeout_sec", "ack_timeout", "data_wr_pool_size", "zcopy", "dif_insert_or_strip"] {
+        for field in [
+            "trtype",
+            "max_io_qpairs_per_ctrlr",
+            "io_unit_size",
+            "max_srq_depth",
+            "no_srq",
+            "num_cqe",
+            "acceptor_backlog",
+            "no_wr_batching",
+            "abort_timeout_sec",
+            "ack_timeout",
+            "data_wr_pool_size",
+            "zcopy",
+            "dif_insert_or_strip",
+        ] {
             assert!(v.get(field).is_some(), "{field} missing from {v}");
         }
         assert!(v.get("c2h_success").is_none());
@@ -406,28 +468,67 @@ mod tests {
     #[test]
     fn rpc_py_defaults_are_accepted_for_rdma() {
         // rpc.py always adds no_srq=false and c2h_success=true.
-        let o = parse(json!({"trtype": "RDMA", "no_srq": false, "c2h_success": true, "io_unit_size": 8192})).unwrap();
+        let o = parse(
+            json!({"trtype": "RDMA", "no_srq": false, "c2h_success": true, "io_unit_size": 8192}),
+        )
+        .unwrap();
         o.validate().unwrap();
     }
 
     #[test]
     fn unsupported_and_invalid_values_are_refused_by_name() {
         let cases = [
-            (json!({"trtype": "RDMA", "dif_insert_or_strip": true}), "dif_insert_or_strip"),
+            (
+                json!({"trtype": "RDMA", "dif_insert_or_strip": true}),
+                "dif_insert_or_strip",
+            ),
             (json!({"trtype": "RDMA", "zcopy": true}), "zcopy"),
             (json!({"trtype": "RDMA", "kas": 10}), "kas"),
-            (json!({"trtype": "RDMA", "masked_oncs": ["nvmcmps"]}), "masked_oncs"),
-            (json!({"trtype": "RDMA", "in_capsule_data_size": 4100}), "in_capsule_data_size"),
-            (json!({"trtype": "RDMA", "max_io_size": 100_000}), "max_io_size"),
-            (json!({"trtype": "RDMA", "max_io_size": 4096}), "max_io_size"),
-            (json!({"trtype": "RDMA", "max_queue_depth": 1}), "max_queue_depth"),
-            (json!({"trtype": "RDMA", "max_aq_depth": 16}), "max_aq_depth"),
+            (
+                json!({"trtype": "RDMA", "masked_oncs": ["nvmcmps"]}),
+                "masked_oncs",
+            ),
+            (
+                json!({"trtype": "RDMA", "in_capsule_data_size": 4100}),
+                "in_capsule_data_size",
+            ),
+            (
+                json!({"trtype": "RDMA", "max_io_size": 100_000}),
+                "max_io_size",
+            ),
+            (
+                json!({"trtype": "RDMA", "max_io_size": 4096}),
+                "max_io_size",
+            ),
+            (
+                json!({"trtype": "RDMA", "max_queue_depth": 1}),
+                "max_queue_depth",
+            ),
+            (
+                json!({"trtype": "RDMA", "max_aq_depth": 16}),
+                "max_aq_depth",
+            ),
             (json!({"trtype": "RDMA", "io_unit_size": 0}), "io_unit_size"),
-            (json!({"trtype": "RDMA", "io_unit_size": 4096, "max_io_size": 131072}), "io_unit_size"),
-            (json!({"trtype": "RDMA", "num_shared_buffers": 8}), "num_shared_buffers"),
-            (json!({"trtype": "RDMA", "acceptor_backlog": 0}), "acceptor_backlog"),
-            (json!({"trtype": "RDMA", "sock_priority": 3}), "sock_priority"),
-            (json!({"trtype": "RDMA", "c2h_success": false}), "c2h_success"),
+            (
+                json!({"trtype": "RDMA", "io_unit_size": 4096, "max_io_size": 131072}),
+                "io_unit_size",
+            ),
+            (
+                json!({"trtype": "RDMA", "num_shared_buffers": 8}),
+                "num_shared_buffers",
+            ),
+            (
+                json!({"trtype": "RDMA", "acceptor_backlog": 0}),
+                "acceptor_backlog",
+            ),
+            (
+                json!({"trtype": "RDMA", "sock_priority": 3}),
+                "sock_priority",
+            ),
+            (
+                json!({"trtype": "RDMA", "c2h_success": false}),
+                "c2h_success",
+            ),
             (json!({"trtype": "TCP", "no_srq": true}), "no_srq"),
             (json!({"trtype": "FC"}), "Invalid transport type"),
         ];
@@ -439,8 +540,12 @@ mod tests {
 
     #[test]
     fn unknown_and_mistyped_fields_are_decode_errors() {
-        assert!(parse(json!({"trtype": "RDMA", "max_queue_deep": 5})).unwrap_err().contains("max_queue_deep"));
+        assert!(parse(json!({"trtype": "RDMA", "max_queue_deep": 5}))
+            .unwrap_err()
+            .contains("max_queue_deep"));
         assert!(parse(json!({"trtype": "RDMA", "max_queue_depth": "big"})).is_err());
-        assert!(parse(json!({"max_queue_depth": 5})).unwrap_err().contains("trtype"));
+        assert!(parse(json!({"max_queue_depth": 5}))
+            .unwrap_err()
+            .contains("trtype"));
     }
 }

@@ -1,0 +1,1029 @@
+//! `nvmf-rpc`: the command-line client, a drop-in for SPDK's `scripts/rpc.py` on the methods
+//! this target implements: the same global options (`-s`, `-p`, `-t`, `-v`), subcommands named
+//! after the methods with rpc.py's flags, rpc.py's output (results as indented JSON, strings
+//! bare, nothing for `true`) and error report (`request:` / `Got JSON-RPC error response` /
+//! `response:`, exit status 1). `save_config` and `load_config` work as rpc.py's do.
+
+use std::io::Read;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use nvmf_rpc::client::{Client, ClientError, Endpoint};
+use nvmf_rpc::DEFAULT_SOCKET_PATH;
+use serde_json::{json, Map, Value};
+
+#[derive(Parser)]
+#[command(
+    name = "nvmf-rpc",
+    about = "JSON-RPC client for the NVMe-oF target (SPDK rpc.py compatible)"
+)]
+struct Cli {
+    /// RPC domain socket path or IP address.
+    #[arg(short = 's', long = "server", default_value = DEFAULT_SOCKET_PATH)]
+    server: String,
+    /// RPC port number (when the server is an IP address).
+    #[arg(short = 'p', long = "port")]
+    port: Option<u16>,
+    /// Timeout in seconds to wait for a response.
+    #[arg(short = 't', long = "timeout", default_value_t = 60.0)]
+    timeout: f64,
+    /// Print requests and responses on stderr.
+    #[arg(short = 'v', long = "verbose")]
+    verbose: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    #[command(name = "rpc_get_methods")]
+    RpcGetMethods {
+        #[arg(short = 'c', long = "current")]
+        current: bool,
+        #[arg(short = 'i', long = "include-aliases")]
+        include_aliases: bool,
+    },
+    #[command(name = "spdk_get_version")]
+    SpdkGetVersion,
+    #[command(name = "framework_start_init")]
+    FrameworkStartInit,
+    #[command(name = "framework_wait_init")]
+    FrameworkWaitInit,
+    #[command(name = "framework_get_subsystems")]
+    FrameworkGetSubsystems,
+    #[command(name = "framework_get_config")]
+    FrameworkGetConfig { name: String },
+    /// Write the live configuration as {"subsystems": [...]} (stdout unless -o).
+    #[command(name = "save_config")]
+    SaveConfig {
+        /// Indent level; below 0 means compact.
+        #[arg(
+            short = 'i',
+            long = "indent",
+            default_value_t = 2,
+            allow_negative_numbers = true
+        )]
+        indent: i32,
+        #[arg(short = 'o', long = "output")]
+        output: Option<String>,
+    },
+    /// Replay a saved configuration (from -j FILE or stdin).
+    #[command(name = "load_config")]
+    LoadConfig {
+        #[arg(short = 'j', long = "json-conf")]
+        json_conf: Option<String>,
+        #[arg(short = 'i', long = "include-aliases")]
+        include_aliases: bool,
+    },
+    #[command(name = "save_subsystem_config")]
+    SaveSubsystemConfig {
+        #[arg(short = 'n', long = "name", required = true)]
+        name: String,
+        #[arg(
+            short = 'i',
+            long = "indent",
+            default_value_t = 2,
+            allow_negative_numbers = true
+        )]
+        indent: i32,
+    },
+    #[command(name = "bdev_get_bdevs")]
+    BdevGetBdevs {
+        #[arg(short = 'b', long = "name")]
+        name: Option<String>,
+        #[arg(short = 't', long = "timeout")]
+        timeout: Option<u64>,
+    },
+    #[command(name = "bdev_malloc_create")]
+    BdevMallocCreate(MallocCreate),
+    #[command(name = "bdev_malloc_delete")]
+    BdevMallocDelete { name: String },
+    #[command(name = "bdev_null_create")]
+    BdevNullCreate(NullCreate),
+    #[command(name = "bdev_null_delete")]
+    BdevNullDelete { name: String },
+    #[command(name = "bdev_aio_create")]
+    BdevAioCreate {
+        filename: String,
+        name: String,
+        block_size: Option<u32>,
+        #[arg(short = 'r', long = "readonly")]
+        readonly: bool,
+        #[arg(long = "fallocate")]
+        fallocate: bool,
+        #[arg(short = 'u', long = "uuid")]
+        uuid: Option<String>,
+    },
+    #[command(name = "bdev_aio_delete")]
+    BdevAioDelete { name: String },
+    #[command(name = "bdev_uring_create")]
+    BdevUringCreate {
+        filename: String,
+        name: String,
+        block_size: Option<u32>,
+        #[arg(short = 'u', long = "uuid")]
+        uuid: Option<String>,
+    },
+    #[command(name = "bdev_uring_delete")]
+    BdevUringDelete { name: String },
+    #[command(name = "bdev_delay_create")]
+    BdevDelayCreate {
+        #[arg(short = 'b', long = "base-bdev-name", required = true)]
+        base_bdev_name: String,
+        #[arg(short = 'd', long = "name", required = true)]
+        name: String,
+        #[arg(short = 'r', long = "avg-read-latency", required = true)]
+        avg_read_latency: u64,
+        #[arg(short = 't', long = "nine-nine-read-latency", required = true)]
+        p99_read_latency: u64,
+        #[arg(short = 'w', long = "avg-write-latency", required = true)]
+        avg_write_latency: u64,
+        #[arg(short = 'n', long = "nine-nine-write-latency", required = true)]
+        p99_write_latency: u64,
+        #[arg(short = 'u', long = "uuid")]
+        uuid: Option<String>,
+    },
+    #[command(name = "bdev_delay_delete")]
+    BdevDelayDelete { name: String },
+    #[command(name = "bdev_delay_update_latency")]
+    BdevDelayUpdateLatency {
+        delay_bdev_name: String,
+        latency_type: String,
+        latency_us: u64,
+    },
+    #[command(name = "bdev_error_create")]
+    BdevErrorCreate {
+        base_name: String,
+        #[arg(short = 'u', long = "uuid")]
+        uuid: Option<String>,
+    },
+    #[command(name = "bdev_error_delete")]
+    BdevErrorDelete { name: String },
+    #[command(name = "bdev_error_inject_error")]
+    BdevErrorInjectError {
+        name: String,
+        io_type: String,
+        error_type: String,
+        #[arg(short = 'n', long = "num")]
+        num: Option<u32>,
+        #[arg(short = 'q', long = "queue-depth")]
+        queue_depth: Option<u64>,
+        #[arg(short = 'o', long = "corrupt-offset")]
+        corrupt_offset: Option<u64>,
+        #[arg(short = 'v', long = "corrupt-value")]
+        corrupt_value: Option<u8>,
+        #[arg(long = "nvme-sct")]
+        nvme_sct: Option<u32>,
+        #[arg(long = "nvme-sc")]
+        nvme_sc: Option<u32>,
+    },
+    #[command(name = "bdev_error_resume_pending")]
+    BdevErrorResumePending { name: String },
+    #[command(name = "nvmf_set_max_subsystems")]
+    NvmfSetMaxSubsystems {
+        #[arg(short = 'x', long = "max-subsystems", required = true)]
+        max_subsystems: u32,
+    },
+    #[command(name = "nvmf_set_config")]
+    NvmfSetConfig {
+        #[arg(short = 'm', long = "poll-groups-mask")]
+        poll_groups_mask: Option<String>,
+        #[arg(short = 'd', long = "discovery-filter")]
+        discovery_filter: Option<String>,
+    },
+    #[command(name = "nvmf_create_transport")]
+    NvmfCreateTransport(CreateTransport),
+    #[command(name = "nvmf_get_transports")]
+    NvmfGetTransports {
+        #[arg(long = "trtype")]
+        trtype: Option<String>,
+        #[arg(short = 't', long = "tgt-name")]
+        tgt_name: Option<String>,
+    },
+    #[command(name = "nvmf_get_subsystems")]
+    NvmfGetSubsystems {
+        nqn: Option<String>,
+        #[arg(short = 't', long = "tgt-name")]
+        tgt_name: Option<String>,
+    },
+    #[command(name = "nvmf_create_subsystem")]
+    NvmfCreateSubsystem(CreateSubsystem),
+    #[command(name = "nvmf_delete_subsystem")]
+    NvmfDeleteSubsystem {
+        subsystem_nqn: String,
+        #[arg(short = 't', long = "tgt-name")]
+        tgt_name: Option<String>,
+    },
+    #[command(name = "nvmf_subsystem_add_listener")]
+    NvmfSubsystemAddListener(AddListener),
+    #[command(name = "nvmf_subsystem_remove_listener")]
+    NvmfSubsystemRemoveListener(Listener),
+    #[command(name = "nvmf_subsystem_get_listeners")]
+    NvmfSubsystemGetListeners(NqnArgs),
+    #[command(name = "nvmf_subsystem_add_ns")]
+    NvmfSubsystemAddNs(AddNs),
+    #[command(name = "nvmf_subsystem_remove_ns")]
+    NvmfSubsystemRemoveNs {
+        nqn: String,
+        nsid: u32,
+        #[arg(short = 't', long = "tgt-name")]
+        tgt_name: Option<String>,
+    },
+    #[command(name = "nvmf_subsystem_add_host")]
+    NvmfSubsystemAddHost {
+        nqn: String,
+        host: String,
+        #[arg(short = 't', long = "tgt-name")]
+        tgt_name: Option<String>,
+        #[arg(long = "psk")]
+        psk: Option<String>,
+        #[arg(long = "dhchap-key")]
+        dhchap_key: Option<String>,
+        #[arg(long = "dhchap-ctrlr-key")]
+        dhchap_ctrlr_key: Option<String>,
+    },
+    #[command(name = "nvmf_subsystem_remove_host")]
+    NvmfSubsystemRemoveHost {
+        nqn: String,
+        host: String,
+        #[arg(short = 't', long = "tgt-name")]
+        tgt_name: Option<String>,
+    },
+    #[command(name = "nvmf_subsystem_allow_any_host")]
+    NvmfSubsystemAllowAnyHost {
+        nqn: String,
+        #[arg(short = 'e', long = "enable")]
+        enable: bool,
+        #[arg(short = 'd', long = "disable")]
+        disable: bool,
+        #[arg(short = 't', long = "tgt-name")]
+        tgt_name: Option<String>,
+    },
+    #[command(name = "nvmf_subsystem_get_controllers")]
+    NvmfSubsystemGetControllers(NqnArgs),
+    #[command(name = "nvmf_subsystem_get_qpairs")]
+    NvmfSubsystemGetQpairs(NqnArgs),
+    #[command(name = "nvmf_get_stats")]
+    NvmfGetStats {
+        #[arg(short = 't', long = "tgt-name")]
+        tgt_name: Option<String>,
+    },
+}
+
+#[derive(Args)]
+struct MallocCreate {
+    /// Size in MiB.
+    total_size: f64,
+    block_size: u32,
+    #[arg(short = 'b', long = "name")]
+    name: Option<String>,
+    #[arg(short = 'u', long = "uuid")]
+    uuid: Option<String>,
+    #[arg(short = 'p', long = "physical-block-size")]
+    physical_block_size: Option<u32>,
+    #[arg(short = 'o', long = "optimal-io-boundary")]
+    optimal_io_boundary: Option<u32>,
+    #[arg(short = 'm', long = "md-size")]
+    md_size: Option<u32>,
+    #[arg(short = 'i', long = "md-interleave")]
+    md_interleave: bool,
+    #[arg(short = 't', long = "dif-type")]
+    dif_type: Option<i32>,
+    #[arg(short = 'd', long = "dif-is-head-of-md")]
+    dif_is_head_of_md: bool,
+    #[arg(short = 'f', long = "dif-pi-format")]
+    dif_pi_format: Option<u32>,
+    #[arg(short = 'n', long = "numa-id")]
+    numa_id: Option<i32>,
+}
+
+#[derive(Args)]
+struct NullCreate {
+    name: String,
+    /// Size in MiB.
+    total_size: f64,
+    block_size: u32,
+    #[arg(short = 'u', long = "uuid")]
+    uuid: Option<String>,
+    #[arg(short = 'p', long = "physical-block-size")]
+    physical_block_size: Option<u32>,
+    #[arg(short = 'm', long = "md-size")]
+    md_size: Option<u32>,
+    #[arg(short = 't', long = "dif-type")]
+    dif_type: Option<i32>,
+    #[arg(short = 'd', long = "dif-is-head-of-md")]
+    dif_is_head_of_md: bool,
+    #[arg(long = "dif-pi-format")]
+    dif_pi_format: Option<u32>,
+}
+
+#[derive(Args)]
+struct CreateTransport {
+    #[arg(short = 't', long = "trtype", required = true)]
+    trtype: String,
+    #[arg(short = 'g', long = "tgt-name")]
+    tgt_name: Option<String>,
+    #[arg(short = 'q', long = "max-queue-depth")]
+    max_queue_depth: Option<u32>,
+    #[arg(short = 'm', long = "max-io-qpairs-per-ctrlr")]
+    max_io_qpairs_per_ctrlr: Option<u32>,
+    #[arg(short = 'c', long = "in-capsule-data-size")]
+    in_capsule_data_size: Option<u32>,
+    #[arg(short = 'i', long = "max-io-size")]
+    max_io_size: Option<u32>,
+    #[arg(short = 'u', long = "io-unit-size")]
+    io_unit_size: Option<u32>,
+    #[arg(short = 'a', long = "max-aq-depth")]
+    max_aq_depth: Option<u32>,
+    #[arg(short = 'n', long = "num-shared-buffers")]
+    num_shared_buffers: Option<u32>,
+    #[arg(short = 'b', long = "buf-cache-size")]
+    buf_cache_size: Option<u32>,
+    #[arg(short = 'z', long = "zcopy")]
+    zcopy: bool,
+    #[arg(short = 'd', long = "num-cqe")]
+    num_cqe: Option<i32>,
+    #[arg(short = 's', long = "max-srq-depth")]
+    max_srq_depth: Option<u32>,
+    #[arg(short = 'r', long = "no-srq")]
+    no_srq: bool,
+    /// Disable the C2H success optimization (TCP).
+    #[arg(short = 'o', long = "c2h-success")]
+    disable_c2h_success: bool,
+    #[arg(short = 'f', long = "dif-insert-or-strip")]
+    dif_insert_or_strip: bool,
+    #[arg(short = 'y', long = "sock-priority")]
+    sock_priority: Option<u32>,
+    #[arg(short = 'l', long = "acceptor-backlog")]
+    acceptor_backlog: Option<i32>,
+    #[arg(short = 'x', long = "abort-timeout-sec")]
+    abort_timeout_sec: Option<u32>,
+    #[arg(short = 'w', long = "no-wr-batching")]
+    no_wr_batching: bool,
+    #[arg(short = 'e', long = "control-msg-num")]
+    control_msg_num: Option<u32>,
+    #[arg(long = "acceptor-poll-rate")]
+    acceptor_poll_rate: Option<u32>,
+    #[arg(long = "ack-timeout")]
+    ack_timeout: Option<u32>,
+    #[arg(long = "data-wr-pool-size")]
+    data_wr_pool_size: Option<u32>,
+    #[arg(long = "disable-command-passthru")]
+    disable_command_passthru: bool,
+    #[arg(long = "kas")]
+    kas: Option<u16>,
+    #[arg(long = "min-kato")]
+    min_kato: Option<u32>,
+}
+
+#[derive(Args)]
+struct CreateSubsystem {
+    nqn: String,
+    #[arg(short = 't', long = "tgt-name")]
+    tgt_name: Option<String>,
+    #[arg(short = 's', long = "serial-number")]
+    serial_number: Option<String>,
+    #[arg(short = 'd', long = "model-number")]
+    model_number: Option<String>,
+    #[arg(short = 'a', long = "allow-any-host")]
+    allow_any_host: bool,
+    #[arg(short = 'm', long = "max-namespaces")]
+    max_namespaces: Option<u32>,
+    #[arg(short = 'r', long = "ana-reporting")]
+    ana_reporting: bool,
+    #[arg(short = 'i', long = "min_cntlid")]
+    min_cntlid: Option<u16>,
+    #[arg(short = 'I', long = "max_cntlid")]
+    max_cntlid: Option<u16>,
+    #[arg(long = "max-discard-size")]
+    max_discard_size: Option<u64>,
+    #[arg(long = "max-write-zeroes-size")]
+    max_write_zeroes_size: Option<u64>,
+    #[arg(short = 'p', long = "passthrough")]
+    passthrough: bool,
+    #[arg(short = 'n', long = "enable_nssr")]
+    enable_nssr: bool,
+}
+
+#[derive(Args)]
+struct Listener {
+    nqn: String,
+    #[arg(short = 't', long = "trtype", required = true)]
+    trtype: String,
+    #[arg(short = 'a', long = "traddr", required = true)]
+    traddr: String,
+    #[arg(short = 'p', long = "tgt-name")]
+    tgt_name: Option<String>,
+    #[arg(short = 'f', long = "adrfam")]
+    adrfam: Option<String>,
+    #[arg(short = 's', long = "trsvcid")]
+    trsvcid: Option<String>,
+}
+
+#[derive(Args)]
+struct AddListener {
+    #[command(flatten)]
+    listener: Listener,
+    #[arg(short = 'k', long = "secure-channel")]
+    secure_channel: bool,
+    #[arg(short = 'n', long = "ana-state")]
+    ana_state: Option<String>,
+    #[arg(short = 'S', long = "sock-impl")]
+    sock_impl: Option<String>,
+}
+
+#[derive(Args)]
+struct NqnArgs {
+    nqn: String,
+    #[arg(short = 't', long = "tgt-name")]
+    tgt_name: Option<String>,
+}
+
+#[derive(Args)]
+struct AddNs {
+    nqn: String,
+    bdev_name: String,
+    #[arg(short = 't', long = "tgt-name")]
+    tgt_name: Option<String>,
+    #[arg(short = 'p', long = "ptpl-file")]
+    ptpl_file: Option<String>,
+    #[arg(short = 'n', long = "nsid")]
+    nsid: Option<u32>,
+    #[arg(short = 'g', long = "nguid")]
+    nguid: Option<String>,
+    #[arg(short = 'e', long = "eui64")]
+    eui64: Option<String>,
+    #[arg(short = 'u', long = "uuid")]
+    uuid: Option<String>,
+    #[arg(short = 'a', long = "anagrpid")]
+    anagrpid: Option<u32>,
+    #[arg(short = 'i', long = "no-auto-visible")]
+    no_auto_visible: bool,
+    #[arg(short = 'N', long = "hide-metadata")]
+    hide_metadata: bool,
+}
+
+/// Builds a params object from (name, value) pairs, leaving out `None`s as rpc.py's client
+/// leaves out unset arguments.
+macro_rules! params {
+    ($($key:literal => $value:expr),* $(,)?) => {{
+        let mut m = Map::new();
+        $( insert(&mut m, $key, $value); )*
+        m
+    }};
+}
+
+fn insert<T: Into<Opt>>(m: &mut Map<String, Value>, key: &str, value: T) {
+    if let Opt(Some(v)) = value.into() {
+        m.insert(key.to_string(), v);
+    }
+}
+
+/// A value that may be absent; flags (`bool`) are sent only when set.
+struct Opt(Option<Value>);
+
+impl From<bool> for Opt {
+    fn from(b: bool) -> Self {
+        Opt(b.then_some(Value::Bool(true)))
+    }
+}
+impl<T: serde::Serialize> From<Option<T>> for Opt {
+    fn from(v: Option<T>) -> Self {
+        Opt(v.map(|v| serde_json::to_value(v).expect("serializable")))
+    }
+}
+impl From<String> for Opt {
+    fn from(s: String) -> Self {
+        Opt(Some(Value::String(s)))
+    }
+}
+impl From<u32> for Opt {
+    fn from(v: u32) -> Self {
+        Opt(Some(json!(v)))
+    }
+}
+impl From<u64> for Opt {
+    fn from(v: u64) -> Self {
+        Opt(Some(json!(v)))
+    }
+}
+
+/// `discovery` is rpc.py's shortcut for the discovery NQN.
+fn subsystem_nqn(nqn: String) -> String {
+    if nqn == "discovery" {
+        "nqn.2014-08.org.nvmexpress.discovery".to_string()
+    } else {
+        nqn
+    }
+}
+
+fn mib_to_blocks(total_size: f64, block_size: u32) -> Result<u64, String> {
+    if total_size.is_nan() || total_size <= 0.0 || block_size == 0 {
+        return Err("total_size must be > 0 MiB and block_size > 0".into());
+    }
+    Ok((total_size * 1024.0 * 1024.0) as u64 / u64::from(block_size))
+}
+
+fn listen_address(l: &Listener) -> Value {
+    let mut a = params! {"trtype" => l.trtype.clone(), "traddr" => l.traddr.clone()};
+    insert(&mut a, "adrfam", l.adrfam.clone());
+    insert(&mut a, "trsvcid", l.trsvcid.clone());
+    Value::Object(a)
+}
+
+/// The method and params a subcommand stands for.
+/// A method name and its params object.
+type Request = (&'static str, Option<Map<String, Value>>);
+
+fn request(cmd: Cmd) -> Result<Request, String> {
+    use Cmd::*;
+    let some = |m: Map<String, Value>| Some(m);
+    Ok(match cmd {
+        RpcGetMethods {
+            current,
+            include_aliases,
+        } => (
+            "rpc_get_methods",
+            some(params! {"current" => current, "include_aliases" => include_aliases}),
+        ),
+        SpdkGetVersion => ("spdk_get_version", None),
+        FrameworkStartInit => ("framework_start_init", None),
+        FrameworkWaitInit => ("framework_wait_init", None),
+        FrameworkGetSubsystems => ("framework_get_subsystems", None),
+        FrameworkGetConfig { name } => ("framework_get_config", some(params! {"name" => name})),
+        SaveConfig { .. } | LoadConfig { .. } | SaveSubsystemConfig { .. } => {
+            unreachable!("handled by run")
+        }
+        BdevGetBdevs { name, timeout } => (
+            "bdev_get_bdevs",
+            some(params! {"name" => name, "timeout" => timeout}),
+        ),
+        BdevMallocCreate(a) => {
+            let num_blocks = mib_to_blocks(a.total_size, a.block_size)?;
+            (
+                "bdev_malloc_create",
+                some(params! {
+                    "num_blocks" => num_blocks, "block_size" => a.block_size, "name" => a.name, "uuid" => a.uuid,
+                    "physical_block_size" => a.physical_block_size, "optimal_io_boundary" => a.optimal_io_boundary,
+                    "md_size" => a.md_size, "md_interleave" => a.md_interleave, "dif_type" => a.dif_type,
+                    "dif_is_head_of_md" => a.dif_is_head_of_md, "dif_pi_format" => a.dif_pi_format, "numa_id" => a.numa_id,
+                }),
+            )
+        }
+        BdevMallocDelete { name } => ("bdev_malloc_delete", some(params! {"name" => name})),
+        BdevNullCreate(a) => {
+            let num_blocks = mib_to_blocks(a.total_size, a.block_size)?;
+            (
+                "bdev_null_create",
+                some(params! {
+                    "name" => a.name, "num_blocks" => num_blocks, "block_size" => a.block_size, "uuid" => a.uuid,
+                    "physical_block_size" => a.physical_block_size, "md_size" => a.md_size, "dif_type" => a.dif_type,
+                    "dif_is_head_of_md" => a.dif_is_head_of_md, "dif_pi_format" => a.dif_pi_format,
+                }),
+            )
+        }
+        BdevNullDelete { name } => ("bdev_null_delete", some(params! {"name" => name})),
+        BdevAioCreate {
+            filename,
+            name,
+            block_size,
+            readonly,
+            fallocate,
+            uuid,
+        } => (
+            "bdev_aio_create",
+            some(
+                params! {"filename" => filename, "name" => name, "block_size" => block_size,
+                "readonly" => readonly, "fallocate" => fallocate, "uuid" => uuid},
+            ),
+        ),
+        BdevAioDelete { name } => ("bdev_aio_delete", some(params! {"name" => name})),
+        BdevUringCreate {
+            filename,
+            name,
+            block_size,
+            uuid,
+        } => (
+            "bdev_uring_create",
+            some(
+                params! {"filename" => filename, "name" => name, "block_size" => block_size, "uuid" => uuid},
+            ),
+        ),
+        BdevUringDelete { name } => ("bdev_uring_delete", some(params! {"name" => name})),
+        BdevDelayCreate {
+            base_bdev_name,
+            name,
+            avg_read_latency,
+            p99_read_latency,
+            avg_write_latency,
+            p99_write_latency,
+            uuid,
+        } => (
+            "bdev_delay_create",
+            some(params! {
+                "base_bdev_name" => base_bdev_name, "name" => name, "avg_read_latency" => avg_read_latency,
+                "p99_read_latency" => p99_read_latency, "avg_write_latency" => avg_write_latency,
+                "p99_write_latency" => p99_write_latency, "uuid" => uuid,
+            }),
+        ),
+        BdevDelayDelete { name } => ("bdev_delay_delete", some(params! {"name" => name})),
+        BdevDelayUpdateLatency {
+            delay_bdev_name,
+            latency_type,
+            latency_us,
+        } => (
+            "bdev_delay_update_latency",
+            some(
+                params! {"delay_bdev_name" => delay_bdev_name, "latency_type" => latency_type, "latency_us" => latency_us},
+            ),
+        ),
+        BdevErrorCreate { base_name, uuid } => (
+            "bdev_error_create",
+            some(params! {"base_name" => base_name, "uuid" => uuid}),
+        ),
+        BdevErrorDelete { name } => ("bdev_error_delete", some(params! {"name" => name})),
+        BdevErrorInjectError {
+            name,
+            io_type,
+            error_type,
+            num,
+            queue_depth,
+            corrupt_offset,
+            corrupt_value,
+            nvme_sct,
+            nvme_sc,
+        } => (
+            "bdev_error_inject_error",
+            some(params! {
+                "name" => name, "io_type" => io_type, "error_type" => error_type, "num" => num,
+                "queue_depth" => queue_depth, "corrupt_offset" => corrupt_offset, "corrupt_value" => corrupt_value,
+                "nvme_sct" => nvme_sct, "nvme_sc" => nvme_sc,
+            }),
+        ),
+        BdevErrorResumePending { name } => {
+            ("bdev_error_resume_pending", some(params! {"name" => name}))
+        }
+        NvmfSetMaxSubsystems { max_subsystems } => (
+            "nvmf_set_max_subsystems",
+            some(params! {"max_subsystems" => max_subsystems}),
+        ),
+        NvmfSetConfig {
+            poll_groups_mask,
+            discovery_filter,
+        } => (
+            "nvmf_set_config",
+            some(
+                params! {"poll_groups_mask" => poll_groups_mask, "discovery_filter" => discovery_filter},
+            ),
+        ),
+        NvmfCreateTransport(a) => {
+            let mut p = params! {
+                "trtype" => a.trtype, "tgt_name" => a.tgt_name, "max_queue_depth" => a.max_queue_depth,
+                "max_io_qpairs_per_ctrlr" => a.max_io_qpairs_per_ctrlr, "in_capsule_data_size" => a.in_capsule_data_size,
+                "max_io_size" => a.max_io_size, "io_unit_size" => a.io_unit_size, "max_aq_depth" => a.max_aq_depth,
+                "num_shared_buffers" => a.num_shared_buffers, "buf_cache_size" => a.buf_cache_size, "zcopy" => a.zcopy,
+                "num_cqe" => a.num_cqe, "max_srq_depth" => a.max_srq_depth,
+                "dif_insert_or_strip" => a.dif_insert_or_strip, "sock_priority" => a.sock_priority,
+                "acceptor_backlog" => a.acceptor_backlog, "abort_timeout_sec" => a.abort_timeout_sec,
+                "no_wr_batching" => a.no_wr_batching, "control_msg_num" => a.control_msg_num,
+                "acceptor_poll_rate" => a.acceptor_poll_rate, "ack_timeout" => a.ack_timeout,
+                "data_wr_pool_size" => a.data_wr_pool_size, "disable_command_passthru" => a.disable_command_passthru,
+                "kas" => a.kas, "min_kato" => a.min_kato,
+            };
+            // rpc.py always sends these two.
+            p.insert("no_srq".into(), Value::Bool(a.no_srq));
+            p.insert("c2h_success".into(), Value::Bool(!a.disable_c2h_success));
+            ("nvmf_create_transport", some(p))
+        }
+        NvmfGetTransports { trtype, tgt_name } => (
+            "nvmf_get_transports",
+            some(params! {"trtype" => trtype, "tgt_name" => tgt_name}),
+        ),
+        NvmfGetSubsystems { nqn, tgt_name } => (
+            "nvmf_get_subsystems",
+            some(params! {"nqn" => nqn, "tgt_name" => tgt_name}),
+        ),
+        NvmfCreateSubsystem(a) => {
+            let mut p = params! {
+                "nqn" => a.nqn, "tgt_name" => a.tgt_name, "serial_number" => a.serial_number,
+                "model_number" => a.model_number, "max_namespaces" => a.max_namespaces,
+                "min_cntlid" => a.min_cntlid, "max_cntlid" => a.max_cntlid,
+                "max_discard_size_kib" => a.max_discard_size, "max_write_zeroes_size_kib" => a.max_write_zeroes_size,
+                "passthrough" => a.passthrough, "enable_nssr" => a.enable_nssr,
+            };
+            p.insert("allow_any_host".into(), Value::Bool(a.allow_any_host));
+            p.insert("ana_reporting".into(), Value::Bool(a.ana_reporting));
+            ("nvmf_create_subsystem", some(p))
+        }
+        NvmfDeleteSubsystem {
+            subsystem_nqn,
+            tgt_name,
+        } => (
+            "nvmf_delete_subsystem",
+            some(params! {"nqn" => subsystem_nqn, "tgt_name" => tgt_name}),
+        ),
+        NvmfSubsystemAddListener(a) => {
+            let mut p = params! {"nqn" => subsystem_nqn(a.listener.nqn.clone()), "tgt_name" => a.listener.tgt_name.clone(),
+            "secure_channel" => a.secure_channel, "ana_state" => a.ana_state, "sock_impl" => a.sock_impl};
+            p.insert("listen_address".into(), listen_address(&a.listener));
+            ("nvmf_subsystem_add_listener", some(p))
+        }
+        NvmfSubsystemRemoveListener(l) => {
+            let mut p =
+                params! {"nqn" => subsystem_nqn(l.nqn.clone()), "tgt_name" => l.tgt_name.clone()};
+            p.insert("listen_address".into(), listen_address(&l));
+            ("nvmf_subsystem_remove_listener", some(p))
+        }
+        NvmfSubsystemGetListeners(a) => (
+            "nvmf_subsystem_get_listeners",
+            some(params! {"nqn" => a.nqn, "tgt_name" => a.tgt_name}),
+        ),
+        NvmfSubsystemAddNs(a) => {
+            let ns = params! {
+                "bdev_name" => a.bdev_name, "ptpl_file" => a.ptpl_file, "nsid" => a.nsid, "nguid" => a.nguid,
+                "eui64" => a.eui64, "uuid" => a.uuid, "anagrpid" => a.anagrpid,
+                "no_auto_visible" => a.no_auto_visible, "hide_metadata" => a.hide_metadata,
+            };
+            let mut p = params! {"nqn" => a.nqn, "tgt_name" => a.tgt_name};
+            p.insert("namespace".into(), Value::Object(ns));
+            ("nvmf_subsystem_add_ns", some(p))
+        }
+        NvmfSubsystemRemoveNs {
+            nqn,
+            nsid,
+            tgt_name,
+        } => (
+            "nvmf_subsystem_remove_ns",
+            some(params! {"nqn" => nqn, "nsid" => nsid, "tgt_name" => tgt_name}),
+        ),
+        NvmfSubsystemAddHost {
+            nqn,
+            host,
+            tgt_name,
+            psk,
+            dhchap_key,
+            dhchap_ctrlr_key,
+        } => (
+            "nvmf_subsystem_add_host",
+            some(
+                params! {"nqn" => nqn, "host" => host, "tgt_name" => tgt_name, "psk" => psk,
+                "dhchap_key" => dhchap_key, "dhchap_ctrlr_key" => dhchap_ctrlr_key},
+            ),
+        ),
+        NvmfSubsystemRemoveHost {
+            nqn,
+            host,
+            tgt_name,
+        } => (
+            "nvmf_subsystem_remove_host",
+            some(params! {"nqn" => nqn, "host" => host, "tgt_name" => tgt_name}),
+        ),
+        NvmfSubsystemAllowAnyHost {
+            nqn,
+            enable,
+            disable,
+            tgt_name,
+        } => {
+            if enable && disable {
+                return Err("-e and -d are mutually exclusive".into());
+            }
+            let mut p = params! {"nqn" => nqn, "tgt_name" => tgt_name};
+            p.insert("allow_any_host".into(), Value::Bool(!disable));
+            ("nvmf_subsystem_allow_any_host", some(p))
+        }
+        NvmfSubsystemGetControllers(a) => (
+            "nvmf_subsystem_get_controllers",
+            some(params! {"nqn" => a.nqn, "tgt_name" => a.tgt_name}),
+        ),
+        NvmfSubsystemGetQpairs(a) => (
+            "nvmf_subsystem_get_qpairs",
+            some(params! {"nqn" => a.nqn, "tgt_name" => a.tgt_name}),
+        ),
+        NvmfGetStats { tgt_name } => ("nvmf_get_stats", some(params! {"tgt_name" => tgt_name})),
+    })
+}
+
+/// rpc.py's output: nothing for `true`, strings bare, everything else indented JSON.
+fn print_result(v: &Value) {
+    match v {
+        Value::Bool(true) => {}
+        Value::String(s) => println!("{s}"),
+        other => println!("{}", pretty(other, 2)),
+    }
+}
+
+fn pretty(v: &Value, indent: i32) -> String {
+    if indent < 0 {
+        return v.to_string();
+    }
+    let spaces = " ".repeat(indent as usize);
+    let mut out = Vec::new();
+    let fmt = serde_json::ser::PrettyFormatter::with_indent(spaces.as_bytes());
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+    serde::Serialize::serialize(v, &mut ser).expect("JSON serializes");
+    String::from_utf8(out).expect("JSON is UTF-8")
+}
+
+/// What rpc.py prints when the server answers with an error.
+fn report(err: &ClientError) {
+    match err {
+        ClientError::Rpc { request, error } => {
+            let mut shown = request
+                .get("params")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            shown.insert("method".into(), request["method"].clone());
+            shown.insert("req_id".into(), request["id"].clone());
+            eprintln!("request:");
+            eprintln!("{}", pretty(&Value::Object(shown), 2));
+            eprintln!("Got JSON-RPC error response");
+            eprintln!("response:");
+            eprintln!(
+                "{}",
+                pretty(&json!({"code": error.code, "message": error.message}), 2)
+            );
+        }
+        ClientError::Connect { .. } => {
+            eprintln!("{err}");
+            eprintln!("Is the target running?");
+        }
+        other => eprintln!("{other}"),
+    }
+}
+
+struct Session {
+    client: Client,
+    verbose: bool,
+}
+
+impl Session {
+    fn call(&mut self, method: &str, params: Option<Value>) -> Result<Value, ClientError> {
+        if self.verbose {
+            eprintln!("request: {}", self.client.request(method, params.as_ref()));
+        }
+        let r = self.client.call(method, params);
+        if self.verbose {
+            match &r {
+                Ok(v) => eprintln!("response: {v}"),
+                Err(e) => eprintln!("response error: {e}"),
+            }
+        }
+        r
+    }
+}
+
+fn save_config(s: &mut Session) -> Result<Value, ClientError> {
+    let mut subsystems = Vec::new();
+    let list = s.call("framework_get_subsystems", None)?;
+    for elem in list.as_array().cloned().unwrap_or_default() {
+        let name = elem["subsystem"].clone();
+        let config = s.call("framework_get_config", Some(json!({"name": name})))?;
+        subsystems.push(json!({"subsystem": name, "config": config}));
+    }
+    Ok(json!({"subsystems": subsystems}))
+}
+
+/// rpc.py's algorithm: check every method is known, then repeatedly run the entries callable in
+/// the current state, calling `framework_start_init` when it is callable, until nothing is
+/// left or nothing can run. Entries left over are reported and make the exit status non-zero.
+fn load_config(s: &mut Session, config: Value, include_aliases: bool) -> Result<bool, ClientError> {
+    let mut subsystems: Vec<(String, Vec<Value>)> = config
+        .get("subsystems")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ClientError::Protocol("config has no \"subsystems\" array".into()))?
+        .iter()
+        .map(|sub| {
+            let name = sub["subsystem"].as_str().unwrap_or("?").to_string();
+            (name, sub["config"].as_array().cloned().unwrap_or_default())
+        })
+        .filter(|(_, c)| !c.is_empty())
+        .collect();
+    let names = |v: Value| -> Vec<String> { serde_json::from_value(v).unwrap_or_default() };
+    let known = names(s.call(
+        "rpc_get_methods",
+        Some(json!({"include_aliases": include_aliases})),
+    )?);
+    if subsystems.is_empty() {
+        if known.iter().any(|m| m == "framework_start_init") {
+            let current = names(s.call("rpc_get_methods", Some(json!({"current": true})))?);
+            if current.iter().any(|m| m == "framework_start_init") {
+                s.call("framework_start_init", None)?;
+            }
+        }
+        return Ok(true);
+    }
+    for (name, config) in &subsystems {
+        for (i, elem) in config.iter().enumerate() {
+            let method = elem.get("method").and_then(Value::as_str).unwrap_or("");
+            if !known.iter().any(|m| m == method) {
+                return Err(ClientError::Protocol(format!(
+                    "Unknown method was included in the config file: subsystem {name}, entry {i}: {method:?}"
+                )));
+            }
+        }
+    }
+    while !subsystems.is_empty() {
+        let current = names(s.call(
+            "rpc_get_methods",
+            Some(json!({"current": true, "include_aliases": include_aliases})),
+        )?);
+        let mut progressed = false;
+        for (_, config) in subsystems.iter_mut() {
+            let mut rest = Vec::new();
+            for elem in config.drain(..) {
+                let method = elem["method"].as_str().unwrap_or("").to_string();
+                if current.contains(&method) {
+                    s.call(&method, elem.get("params").cloned())?;
+                    progressed = true;
+                } else {
+                    rest.push(elem);
+                }
+            }
+            *config = rest;
+        }
+        subsystems.retain(|(_, c)| !c.is_empty());
+        if current.iter().any(|m| m == "framework_start_init") {
+            s.call("framework_start_init", None)?;
+            progressed = true;
+        }
+        if !progressed {
+            break;
+        }
+    }
+    if !subsystems.is_empty() {
+        eprintln!(
+            "Some configs were skipped because the RPC state that can call them passed over:"
+        );
+        for (name, config) in &subsystems {
+            for elem in config {
+                eprintln!("  {name}: {}", elem["method"]);
+            }
+        }
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+fn run(cli: Cli) -> Result<ExitCode, ClientError> {
+    let endpoint = Endpoint::parse(&cli.server, cli.port);
+    let timeout = (cli.timeout > 0.0).then(|| Duration::from_secs_f64(cli.timeout));
+    let client = Client::connect(&endpoint, timeout)?;
+    let mut s = Session {
+        client,
+        verbose: cli.verbose,
+    };
+    match cli.cmd {
+        Cmd::SaveConfig { indent, output } => {
+            let config = save_config(&mut s)?;
+            let text = pretty(&config, indent) + "\n";
+            match output {
+                Some(path) => std::fs::write(&path, text)?,
+                None => print!("{text}"),
+            }
+        }
+        Cmd::SaveSubsystemConfig { name, indent } => {
+            let config = s.call("framework_get_config", Some(json!({"name": name})))?;
+            println!(
+                "{}",
+                pretty(&json!({"subsystem": name, "config": config}), indent)
+            );
+        }
+        Cmd::LoadConfig {
+            json_conf,
+            include_aliases,
+        } => {
+            let text = match json_conf {
+                Some(path) => std::fs::read_to_string(&path)?,
+                None => {
+                    let mut t = String::new();
+                    std::io::stdin().read_to_string(&mut t)?;
+                    t
+                }
+            };
+            let config: Value = serde_json::from_str(&text)
+                .map_err(|e| ClientError::Protocol(format!("config is not JSON: {e}")))?;
+            if !load_config(&mut s, config, include_aliases)? {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        cmd => {
+            let (method, params) = request(cmd).map_err(ClientError::Protocol)?;
+            let result = s.call(method, params.map(Value::Object))?;
+            print_result(&result);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            report(&e);
+            ExitCode::FAILURE
+        }
+    }
+}
