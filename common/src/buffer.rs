@@ -79,7 +79,7 @@ impl std::fmt::Debug for BufferPool {
 
 impl BufferPool {
     pub fn new(buf_size: usize, count: u32) -> Result<Self, BufferPoolError> {
-        if buf_size == 0 || buf_size % BUFFER_ALIGN != 0 {
+        if buf_size == 0 || !buf_size.is_multiple_of(BUFFER_ALIGN) {
             return Err(BufferPoolError::BadBufferSize(buf_size));
         }
         if count == 0 {
@@ -323,6 +323,9 @@ mod tests {
             BufferPool::new(1000, 1),
             Err(BufferPoolError::BadBufferSize(1000))
         ));
-        assert!(matches!(BufferPool::new(4096, 0), Err(BufferPoolError::Empty)));
+        assert!(matches!(
+            BufferPool::new(4096, 0),
+            Err(BufferPoolError::Empty)
+        ));
     }
 }

@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 pub mod buffer;
-#[allow(unsafe_code)] pub mod rdma;
+#[allow(unsafe_code)]
+pub mod rdma;
 pub mod reactor;
 pub mod spec;

@@ -39,7 +39,10 @@ pub fn parse_core_mask(mask: &str) -> Result<Vec<usize>, CoreMaskError> {
         for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part.split_once('-') {
                 Some((a, b)) => {
-                    let (a, b): (usize, usize) = (a.trim().parse().map_err(|_| syntax())?, b.trim().parse().map_err(|_| syntax())?);
+                    let (a, b): (usize, usize) = (
+                        a.trim().parse().map_err(|_| syntax())?,
+                        b.trim().parse().map_err(|_| syntax())?,
+                    );
                     if a > b {
                         return Err(syntax());
                     }
@@ -185,9 +188,18 @@ mod tests {
         assert_eq!(parse_core_mask("6"), Ok(vec![1, 2]));
         assert_eq!(parse_core_mask("[0,2-3]"), Ok(vec![0, 2, 3]));
         assert_eq!(parse_core_mask("0x0"), Err(CoreMaskError::Empty));
-        assert!(matches!(parse_core_mask("0xZ"), Err(CoreMaskError::Syntax(_))));
-        assert!(matches!(parse_core_mask("[3-1]"), Err(CoreMaskError::Syntax(_))));
-        assert!(matches!(check_cores(&[4096]), Err(CoreMaskError::Unavailable { core: 4096, .. })));
+        assert!(matches!(
+            parse_core_mask("0xZ"),
+            Err(CoreMaskError::Syntax(_))
+        ));
+        assert!(matches!(
+            parse_core_mask("[3-1]"),
+            Err(CoreMaskError::Syntax(_))
+        ));
+        assert!(matches!(
+            check_cores(&[4096]),
+            Err(CoreMaskError::Unavailable { core: 4096, .. })
+        ));
     }
 
     struct Counter {
@@ -217,7 +229,14 @@ mod tests {
         let shut = Arc::new(AtomicBool::new(false));
         let (t, s) = (Arc::clone(&turns), Arc::clone(&shut));
         let (reactor, handle) = Reactor::spawn(0, "test-reactor".into(), move || {
-            (Counter { turns: t, work_left: 5, shut: s }, 42u32)
+            (
+                Counter {
+                    turns: t,
+                    work_left: 5,
+                    shut: s,
+                },
+                42u32,
+            )
         })
         .unwrap();
         assert_eq!(handle, 42);

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use nvmf_common::buffer::BufferPool;
 use nvmf_common::rdma::{
     register_pool, AccessFlags, CmEventKind, CmId, CompletionQueue, ConnParams, DeviceCapFlags,
-    DmaBuf, EventChannel, ProtectionDomain, QpCaps, QueuePair, RecvWr, SendOp, SendWr,
-    SharedReceiveQueue, WcOpcode, WcStatus, WorkCompletion,
+    DmaBuf, EventChannel, MemoryWindow, ProtectionDomain, QpCaps, QueuePair, RdmaError, RecvWr,
+    SendOp, SendWr, SharedReceiveQueue, WcOpcode, WcStatus, WorkCompletion,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -184,7 +184,16 @@ fn loopback() {
     );
     let sid = ev.new_id.expect("new id on CONNECT_REQUEST");
     sid.set_context(0x33);
-    assert_eq!(sid.peer_addr().map(|a| a.ip()), Some(ip));
+    // The host's address: 10.0.0.2 when the lab routes the connection over the veth pair
+    // (two devices), the listener's own address when rxe loops back.
+    let host_addr = client.id.local_addr().expect("client address");
+    eprintln!(
+        "connection {} -> {}",
+        host_addr,
+        sid.local_addr().expect("server address")
+    );
+    assert_eq!(sid.peer_addr(), Some(host_addr));
+    assert_eq!(sid.local_addr(), Some(dst));
     let sctx = sid.context().expect("server context");
     let spd = ProtectionDomain::new(&sctx).expect("server pd");
     let scq = CompletionQueue::new(&sctx, 64).expect("server cq");
@@ -350,16 +359,130 @@ fn loopback() {
     client.cq.ack_events();
     wait_one(&client.cq, 101, WcOpcode::RECV);
 
-    // SEND_WITH_INVALIDATE: only an rkey the peer may invalidate (memory window or fast
-    // registration) can be named; a plain MR's cannot, so only check the device's support.
-    if attr
-        .device_cap_flags
-        .contains(DeviceCapFlags::MEM_MGT_EXTENSIONS)
+    // SEND_WITH_INVALIDATE: the peer can only invalidate a memory window's (or a fast
+    // registration's) key, not a plain registration's. The host binds a type 2 window over
+    // its buffer, the target RDMA WRITEs through it, then answers with SEND_WITH_INVALIDATE
+    // naming the window's key, and the host's receive completion reports the invalidation.
+    let dev_caps = attr.device_cap_flags;
+    if dev_caps.contains(DeviceCapFlags::MEM_MGT_EXTENSIONS)
+        && (dev_caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2B)
+            || dev_caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2A))
     {
-        eprintln!("device supports memory management extensions (SEND_WITH_INVALIDATE)");
+        let mw = MemoryWindow::new(&client.pd).expect("alloc memory window");
+        let mut mwbuf = DmaBuf::new(
+            &client.pd,
+            4096,
+            AccessFlags::ALL_DATA | AccessFlags::MW_BIND,
+        )
+        .expect("window buffer");
+        mwbuf.fill(0);
+        let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+        client
+            .qp
+            .post_send(&[SendWr::bind_mw(20, &mw, mwbuf.mr(), 0, 4096, remote)])
+            .expect("post bind");
+        wait_one(&client.cq, 20, WcOpcode::BIND_MW);
+        let mw_rkey = mw.rkey();
+        assert_ne!(mw_rkey, mwbuf.mr().rkey());
+        // A plain region cannot be bound.
+        assert!(client
+            .qp
+            .post_send(&[SendWr::bind_mw(21, &mw, cdata.mr(), 0, 4096, remote)])
+            .is_err());
+
+        server
+            .qp
+            .post_send(&[SendWr::rdma_write(
+                15,
+                &wsge,
+                mwbuf.mr().remote_addr(0),
+                mw_rkey,
+            )])
+            .expect("post write through the window");
+        wait_one(&server.cq, 15, WcOpcode::RDMA_WRITE);
+        let mut in_window = vec![0u8; 4096];
+        mwbuf.read_at(0, &mut in_window);
+        assert_eq!(in_window, pattern);
+
+        let slot = [crecv.sge(0, MSG).unwrap()];
+        client
+            .qp
+            .post_recv(&[RecvWr::new(103, &slot)])
+            .expect("post receive for the response");
+        let sge = [ssend.sge(0, 16).unwrap()];
+        server
+            .qp
+            .post_send(&[SendWr::send_with_invalidate(16, &sge, mw_rkey)])
+            .expect("post send with invalidate");
+        wait_one(&server.cq, 16, WcOpcode::SEND);
+        let wc = wait_one(&client.cq, 103, WcOpcode::RECV);
+        // rxe sets the kernel's IB_WC_WITH_INVALIDATE bit (1 << 2) instead of
+        // IBV_WC_WITH_INV; either way the key is reported.
+        let reported = wc.invalidated_rkey().is_some() || wc.wc_flags() & (1 << 2) != 0;
+        assert!(reported, "invalidation not reported: {wc:?}");
+        assert_eq!(wc.ex_data(), mw_rkey, "{wc:?}");
+
+        // Binding a type 2 window requires it to be free again, so this bind succeeding shows
+        // the remote invalidation took effect.
+        client
+            .qp
+            .post_send(&[SendWr::bind_mw(22, &mw, mwbuf.mr(), 0, 2048, remote)])
+            .expect("post rebind");
+        wait_one(&client.cq, 22, WcOpcode::BIND_MW);
+        assert_ne!(mw.rkey(), mw_rkey);
+        client
+            .qp
+            .post_send(&[SendWr::local_invalidate(23, mw.rkey())])
+            .expect("post local invalidate");
+        wait_one(&client.cq, 23, WcOpcode::LOCAL_INV);
+        eprintln!("SEND_WITH_INVALIDATE and memory windows work");
     } else {
-        eprintln!("skipping SEND_WITH_INVALIDATE: no IBV_DEVICE_MEM_MGT_EXTENSIONS");
+        eprintln!(
+            "skipping SEND_WITH_INVALIDATE: device has no type 2 memory windows ({dev_caps:?})"
+        );
     }
+
+    // A second host is rejected with private data (an NVMe-oF reject record in real use),
+    // which the blocking helper hands back in its error.
+    let rch = EventChannel::new().expect("second client channel");
+    let rid = rch.create_id().expect("second client id");
+    rid.resolve_addr(None, dst, Duration::from_secs(2))
+        .expect("resolve_addr");
+    rch.wait_event(CmEventKind::AddrResolved, TIMEOUT)
+        .expect("ADDR_RESOLVED");
+    rid.resolve_route(Duration::from_secs(2))
+        .expect("resolve_route");
+    rch.wait_event(CmEventKind::RouteResolved, TIMEOUT)
+        .expect("ROUTE_RESOLVED");
+    let rctx = rid.context().expect("second client context");
+    let rpd = ProtectionDomain::new(&rctx).expect("pd");
+    let rcq = CompletionQueue::new(&rctx, 16).expect("cq");
+    let rqp = rid
+        .create_qp(&rpd, &rcq, &rcq, None, caps())
+        .expect("second client qp");
+    rid.connect(&ConnParams::with_private_data(b"second host"))
+        .expect("connect");
+    let ev = lch
+        .wait_event(CmEventKind::ConnectRequest, TIMEOUT)
+        .expect("second CONNECT_REQUEST");
+    assert!(ev.private_data.starts_with(b"second host"));
+    let rejected = ev.new_id.expect("new id");
+    rejected.reject(b"go away").expect("reject");
+    match rch.wait_event(CmEventKind::Established, TIMEOUT) {
+        Err(RdmaError::UnexpectedCmEvent {
+            got: CmEventKind::Rejected,
+            private_data,
+            status,
+            ..
+        }) => {
+            assert!(private_data.starts_with(b"go away"), "{private_data:?}");
+            eprintln!("rejected with status {status}");
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    drop(rejected);
+    drop(rqp);
+    drop(rid);
 
     // Disconnect from the host side: both sides see DISCONNECTED, and the receive still
     // posted on the host's QP is flushed (the SRQ's receives are not: the SRQ outlives QPs).

@@ -41,12 +41,17 @@ struct Args {
 }
 
 fn transport_factory() -> TransportFactory {
-    Box::new(|opts: &TransportOptions| -> Result<Arc<dyn Transport>, String> {
-        match opts.kind()? {
-            TransportKind::Rdma => Ok(Arc::new(RdmaTransport::new(opts.clone())?)),
-            other => Err(format!("transport {} is not supported by this target yet", other.name())),
-        }
-    })
+    Box::new(
+        |opts: &TransportOptions| -> Result<Arc<dyn Transport>, String> {
+            match opts.kind()? {
+                TransportKind::Rdma => Ok(Arc::new(RdmaTransport::new(opts.clone())?)),
+                other => Err(format!(
+                    "transport {} is not supported by this target yet",
+                    other.name()
+                )),
+            }
+        },
+    )
 }
 
 fn init_logging(level: &str) -> anyhow::Result<()> {
@@ -55,7 +60,10 @@ fn init_logging(level: &str) -> anyhow::Result<()> {
         Err(_) => tracing_subscriber::EnvFilter::try_new(level)
             .with_context(|| format!("bad --log-level {level:?}"))?,
     };
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .init();
     Ok(())
 }
 
@@ -97,7 +105,13 @@ fn run(args: Args) -> anyhow::Result<()> {
         if let Err(e) = load_config(&mut control, json) {
             drop(control);
             stop_reactors(reactors);
-            bail!("config {}: {e}", args.json.as_ref().expect("config came from a file").display());
+            bail!(
+                "config {}: {e}",
+                args.json
+                    .as_ref()
+                    .expect("config came from a file")
+                    .display()
+            );
         }
     }
     let control = Arc::new(Mutex::new(control));
@@ -107,18 +121,25 @@ fn run(args: Args) -> anyhow::Result<()> {
         Err(e) => {
             drop(control);
             stop_reactors(reactors);
-            bail!("cannot serve JSON-RPC on {}: {e}", args.rpc_socket.display());
+            bail!(
+                "cannot serve JSON-RPC on {}: {e}",
+                args.rpc_socket.display()
+            );
         }
     };
     let tcp = match &args.rpc_listen {
-        Some(addr) => Some(nvmf_rpc::serve_tcp(addr, module, Default::default()).with_context(|| format!("cannot serve JSON-RPC on {addr}"))?),
+        Some(addr) => Some(
+            nvmf_rpc::serve_tcp(addr, module, Default::default())
+                .with_context(|| format!("cannot serve JSON-RPC on {addr}"))?,
+        ),
         None => None,
     };
     tracing::info!(socket = %args.rpc_socket.display(), cores = ?cores, "nvmf-tgt running");
 
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop)).context("cannot install signal handlers")?;
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("cannot install signal handlers")?;
     }
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));

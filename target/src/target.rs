@@ -9,8 +9,7 @@ use nvmf_common::spec::nqn::{validate_nqn, DISCOVERY_NQN};
 
 use crate::bdev::{BdevError, BdevRegistry};
 use crate::core::subsystem::{
-    ListenAddress, Namespace, NsStats, SubsystemConfig, SubsystemId, SubsystemKind,
-    SubsystemShared,
+    ListenAddress, Namespace, NsStats, SubsystemConfig, SubsystemId, SubsystemKind, SubsystemShared,
 };
 use crate::core::{PollGroupHandle, TargetInfo};
 use crate::transport::Transport;
@@ -211,7 +210,9 @@ impl Target {
     }
 
     fn publish(&self, nqn: &str) {
-        let Some(sub) = self.subsystems.get(nqn) else { return };
+        let Some(sub) = self.subsystems.get(nqn) else {
+            return;
+        };
         self.info.bump_discovery_generation();
         for pg in &self.poll_groups {
             let snapshot = sub.snapshot();
@@ -237,7 +238,11 @@ impl Target {
         }
     }
 
-    pub fn create_subsystem(&mut self, nqn: &str, opts: SubsystemOptions) -> Result<(), TargetError> {
+    pub fn create_subsystem(
+        &mut self,
+        nqn: &str,
+        opts: SubsystemOptions,
+    ) -> Result<(), TargetError> {
         validate_nqn(nqn).map_err(|e| TargetError::InvalidNqn {
             nqn: nqn.to_string(),
             reason: e.to_string(),
@@ -299,13 +304,19 @@ impl Target {
 
     pub fn add_namespace(&mut self, nqn: &str, opts: NamespaceOptions) -> Result<u32, TargetError> {
         let sub = self.subsystem_mut(nqn)?;
-        let limit = if sub.max_namespaces == 0 { u32::MAX - 1 } else { sub.max_namespaces };
+        let limit = if sub.max_namespaces == 0 {
+            u32::MAX - 1
+        } else {
+            sub.max_namespaces
+        };
         let nsid = match opts.nsid {
             Some(0) | None => (1..=limit)
                 .find(|n| !sub.namespaces.contains_key(n))
                 .ok_or_else(|| TargetError::NoFreeNsid(nqn.to_string()))?,
             Some(n) if n > limit || n == u32::MAX => {
-                return Err(TargetError::Invalid(format!("NSID {n} exceeds max_namespaces {limit}")))
+                return Err(TargetError::Invalid(format!(
+                    "NSID {n} exceeds max_namespaces {limit}"
+                )))
             }
             Some(n) if sub.namespaces.contains_key(&n) => return Err(TargetError::NsidInUse(n)),
             Some(n) => n,
@@ -329,7 +340,10 @@ impl Target {
 
     pub fn remove_namespace(&mut self, nqn: &str, nsid: u32) -> Result<(), TargetError> {
         let sub = self.subsystem_mut(nqn)?;
-        let ns = sub.namespaces.remove(&nsid).ok_or(TargetError::NoNamespace(nsid))?;
+        let ns = sub
+            .namespaces
+            .remove(&nsid)
+            .ok_or(TargetError::NoNamespace(nsid))?;
         self.bdevs.release(ns.bdev.name());
         self.publish(nqn);
         Ok(())
@@ -394,10 +408,12 @@ impl Target {
         let transport = self
             .transport(&addr.trtype)
             .ok_or_else(|| TargetError::NoTransport(addr.trtype.clone()))?;
-        transport.listen(&addr).map_err(|reason| TargetError::Listen {
-            addr: addr.to_string(),
-            reason,
-        })?;
+        transport
+            .listen(&addr)
+            .map_err(|reason| TargetError::Listen {
+                addr: addr.to_string(),
+                reason,
+            })?;
         let sub = self
             .subsystems
             .get_mut(nqn)
@@ -450,7 +466,11 @@ fn attach_transport(pg: &PollGroupHandle, transport: Arc<dyn Transport>) {
             }
         });
         if let Some(e) = failure {
-            tracing::error!(trtype = transport.trtype(), group = handle.index(), "cannot create transport poll group: {e}");
+            tracing::error!(
+                trtype = transport.trtype(),
+                group = handle.index(),
+                "cannot create transport poll group: {e}"
+            );
         }
     });
 }

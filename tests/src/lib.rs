@@ -55,7 +55,11 @@ impl LoopbackLab {
         target
             .add_transport(Arc::new(transport.clone()))
             .expect("first transport");
-        let mut lab = Self { target, pg, transport };
+        let mut lab = Self {
+            target,
+            pg,
+            transport,
+        };
         lab.pg.poll();
         lab
     }
@@ -135,7 +139,10 @@ pub fn loopback_address() -> ListenAddress {
 pub fn no_data(mut cmd: Command) -> Capsule {
     cmd.flags |= Command::FLAG_SGL;
     cmd.dptr = SglDescriptor::keyed(0, 0, 0, false);
-    Capsule { cmd, host_buffer: Vec::new() }
+    Capsule {
+        cmd,
+        host_buffer: Vec::new(),
+    }
 }
 
 /// A command whose data lives in host memory of `len` bytes (keyed SGL).
@@ -154,10 +161,21 @@ pub fn reading(cmd: Command, len: usize) -> Capsule {
 pub fn in_capsule(mut cmd: Command, data: Vec<u8>) -> Capsule {
     cmd.flags |= Command::FLAG_SGL;
     cmd.dptr = SglDescriptor::in_capsule(0, data.len() as u32);
-    Capsule { cmd, host_buffer: data }
+    Capsule {
+        cmd,
+        host_buffer: data,
+    }
 }
 
-pub fn connect_capsule(cid: u16, qid: u16, sqsize: u16, kato: u32, cntlid: u16, subnqn: &str, hostnqn: &str) -> Capsule {
+pub fn connect_capsule(
+    cid: u16,
+    qid: u16,
+    sqsize: u16,
+    kato: u32,
+    cntlid: u16,
+    subnqn: &str,
+    hostnqn: &str,
+) -> Capsule {
     let cmd = ConnectCommand::new(cid, qid, sqsize, kato).to_command();
     let data = ConnectData::new(HOSTID, cntlid, subnqn, hostnqn);
     with_buffer(cmd, data.as_bytes().to_vec())
@@ -189,7 +207,12 @@ impl HostController {
 }
 
 pub fn expect_ok(r: &Response) -> &Completion {
-    assert_eq!(r.cqe.status(), Status::SUCCESS, "command failed: {:?}", r.cqe);
+    assert_eq!(
+        r.cqe.status(),
+        Status::SUCCESS,
+        "command failed: {:?}",
+        r.cqe
+    );
     &r.cqe
 }
 
@@ -200,31 +223,58 @@ pub fn linux_bring_up(lab: &mut LoopbackLab, subnqn: &str, io_queues: u16) -> Ho
     let admin = lab.open_queue();
     let r = lab.run(
         &admin,
-        connect_capsule(1, 0, LINUX_ADMIN_SQSIZE, LINUX_KATO_MS, CNTLID_DYNAMIC, subnqn, HOSTNQN),
+        connect_capsule(
+            1,
+            0,
+            LINUX_ADMIN_SQSIZE,
+            LINUX_KATO_MS,
+            CNTLID_DYNAMIC,
+            subnqn,
+            HOSTNQN,
+        ),
     );
     let cntlid = expect_ok(&r).dw0.get() as u16;
 
-    let r = lab.run(&admin, no_data(PropertyGetCommand::new(2, Property::CAP.0, true).to_command()));
+    let r = lab.run(
+        &admin,
+        no_data(PropertyGetCommand::new(2, Property::CAP.0, true).to_command()),
+    );
     let cap = nvmf_common::spec::registers::Cap(expect_ok(&r).result64());
     let cc = Cc(0).with_iosqes(6).with_iocqes(4).with_en(true);
-    let r = lab.run(&admin, no_data(PropertySetCommand::new(3, Property::CC.0, u64::from(cc.0), false).to_command()));
+    let r = lab.run(
+        &admin,
+        no_data(PropertySetCommand::new(3, Property::CC.0, u64::from(cc.0), false).to_command()),
+    );
     expect_ok(&r);
     let mut ready = false;
     for cid in 4..20 {
-        let r = lab.run(&admin, no_data(PropertyGetCommand::new(cid, Property::CSTS.0, false).to_command()));
+        let r = lab.run(
+            &admin,
+            no_data(PropertyGetCommand::new(cid, Property::CSTS.0, false).to_command()),
+        );
         if Csts(expect_ok(&r).dw0.get()).rdy() {
             ready = true;
             break;
         }
     }
     assert!(ready, "CSTS.RDY never set");
-    let r = lab.run(&admin, no_data(PropertyGetCommand::new(20, Property::VS.0, false).to_command()));
+    let r = lab.run(
+        &admin,
+        no_data(PropertyGetCommand::new(20, Property::VS.0, false).to_command()),
+    );
     assert!(expect_ok(&r).dw0.get() >= 0x0001_0300, "VS below 1.3");
 
-    let r = lab.run(&admin, reading(Command::identify(21, Cns::CONTROLLER, 0, 0), 4096));
+    let r = lab.run(
+        &admin,
+        reading(Command::identify(21, Cns::CONTROLLER, 0, 0), 4096),
+    );
     expect_ok(&r);
     let identify = Box::new(IdentifyController::read_from_bytes(&r.host_buffer[..4096]).unwrap());
-    assert_eq!(identify.cntlid.get(), cntlid, "Identify cntlid must equal Connect's");
+    assert_eq!(
+        identify.cntlid.get(),
+        cntlid,
+        "Identify cntlid must equal Connect's"
+    );
 
     let mut ctrl = HostController {
         admin,
@@ -235,15 +285,29 @@ pub fn linux_bring_up(lab: &mut LoopbackLab, subnqn: &str, io_queues: u16) -> Ho
         next_cid: 100,
     };
     if io_queues > 0 {
-        let want = NumberOfQueues { nsq: u32::from(io_queues), ncq: u32::from(io_queues) };
+        let want = NumberOfQueues {
+            nsq: u32::from(io_queues),
+            ncq: u32::from(io_queues),
+        };
         let cid = ctrl.cid();
-        let r = ctrl.admin(lab, no_data(Command::set_features(cid, FeatureId::NUMBER_OF_QUEUES, want.to_dword(), false)));
+        let r = ctrl.admin(
+            lab,
+            no_data(Command::set_features(
+                cid,
+                FeatureId::NUMBER_OF_QUEUES,
+                want.to_dword(),
+                false,
+            )),
+        );
         let granted = NumberOfQueues::from_dword(expect_ok(&r).dw0.get());
         assert!(granted.nsq >= u32::from(io_queues));
         let sqsize = cap.mqes().min(127);
         for qid in 1..=io_queues {
             let q = lab.open_queue();
-            let r = lab.run(&q, connect_capsule(1, qid, sqsize, 0, cntlid, subnqn, HOSTNQN));
+            let r = lab.run(
+                &q,
+                connect_capsule(1, qid, sqsize, 0, cntlid, subnqn, HOSTNQN),
+            );
             expect_ok(&r);
             ctrl.io.push(q);
         }

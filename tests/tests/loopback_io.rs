@@ -19,12 +19,26 @@ fn lab() -> LoopbackLab {
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
-fn read(lab: &mut LoopbackLab, ctrl: &mut HostController, q: usize, nsid: u32, slba: u64, nlb: u32, bs: usize) -> Vec<u8> {
+fn read(
+    lab: &mut LoopbackLab,
+    ctrl: &mut HostController,
+    q: usize,
+    nsid: u32,
+    slba: u64,
+    nlb: u32,
+    bs: usize,
+) -> Vec<u8> {
     let cid = ctrl.cid();
-    let r = ctrl.io(lab, q, reading(Command::read(cid, nsid, slba, nlb), nlb as usize * bs));
+    let r = ctrl.io(
+        lab,
+        q,
+        reading(Command::read(cid, nsid, slba, nlb), nlb as usize * bs),
+    );
     expect_ok(&r);
     r.host_buffer
 }
@@ -38,7 +52,11 @@ fn data_written_reads_back_on_both_block_sizes_and_queues() {
             let data = pattern(blocks as usize * bs, i as u8 + nsid as u8);
             let slba = u64::from(i as u32 * 40);
             let cid = ctrl.cid();
-            expect_ok(&ctrl.io(&mut lab, 0, with_buffer(Command::write(cid, nsid, slba, blocks), data.clone())));
+            expect_ok(&ctrl.io(
+                &mut lab,
+                0,
+                with_buffer(Command::write(cid, nsid, slba, blocks), data.clone()),
+            ));
             // Read through the other queue: both see the same media.
             assert_eq!(read(&mut lab, &mut ctrl, 1, nsid, slba, blocks, bs), data);
         }
@@ -46,7 +64,11 @@ fn data_written_reads_back_on_both_block_sizes_and_queues() {
     // Largest transfer MDTS allows: 128 KiB.
     let data = pattern(128 * 1024, 9);
     let cid = ctrl.cid();
-    expect_ok(&ctrl.io(&mut lab, 0, with_buffer(Command::write(cid, 2, 100, 32), data.clone())));
+    expect_ok(&ctrl.io(
+        &mut lab,
+        0,
+        with_buffer(Command::write(cid, 2, 100, 32), data.clone()),
+    ));
     assert_eq!(read(&mut lab, &mut ctrl, 0, 2, 100, 32, 4096), data);
 }
 
@@ -56,16 +78,31 @@ fn in_capsule_write_executes_without_a_data_fetch() {
     let mut ctrl = linux_bring_up(&mut lab, NQN, 1);
     let data = pattern(4096, 3);
     let cid = ctrl.cid();
-    expect_ok(&ctrl.io(&mut lab, 0, in_capsule(Command::write(cid, 1, 10, 8), data.clone())));
+    expect_ok(&ctrl.io(
+        &mut lab,
+        0,
+        in_capsule(Command::write(cid, 1, 10, 8), data.clone()),
+    ));
     assert_eq!(read(&mut lab, &mut ctrl, 0, 1, 10, 8, 512), data);
     // Larger than the in-capsule size the controller advertised.
     let cid = ctrl.cid();
-    let r = ctrl.io(&mut lab, 0, in_capsule(Command::write(cid, 1, 10, 16), pattern(8192, 1)));
+    let r = ctrl.io(
+        &mut lab,
+        0,
+        in_capsule(Command::write(cid, 1, 10, 16), pattern(8192, 1)),
+    );
     assert_eq!(r.cqe.status(), Status::INVALID_SGL_OFFSET.with_dnr());
     // In-capsule data cannot carry a read.
     let cid = ctrl.cid();
-    let r = ctrl.io(&mut lab, 0, in_capsule(Command::read(cid, 1, 10, 1), vec![0; 512]));
-    assert_eq!(r.cqe.status(), Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr());
+    let r = ctrl.io(
+        &mut lab,
+        0,
+        in_capsule(Command::read(cid, 1, 10, 1), vec![0; 512]),
+    );
+    assert_eq!(
+        r.cqe.status(),
+        Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr()
+    );
 }
 
 #[test]
@@ -74,22 +111,38 @@ fn flush_write_zeroes_deallocate_and_compare() {
     let mut ctrl = linux_bring_up(&mut lab, NQN, 1);
     let data = pattern(16 * 512, 5);
     let cid = ctrl.cid();
-    expect_ok(&ctrl.io(&mut lab, 0, with_buffer(Command::write(cid, 1, 0, 16), data.clone())));
+    expect_ok(&ctrl.io(
+        &mut lab,
+        0,
+        with_buffer(Command::write(cid, 1, 0, 16), data.clone()),
+    ));
     let cid = ctrl.cid();
     expect_ok(&ctrl.io(&mut lab, 0, no_data(Command::flush(cid, 1))));
 
     // Compare: equal, then different.
     let cid = ctrl.cid();
-    expect_ok(&ctrl.io(&mut lab, 0, with_buffer(Command::compare(cid, 1, 0, 16), data.clone())));
+    expect_ok(&ctrl.io(
+        &mut lab,
+        0,
+        with_buffer(Command::compare(cid, 1, 0, 16), data.clone()),
+    ));
     let mut other = data.clone();
     other[700] ^= 0xFF;
     let cid = ctrl.cid();
-    let r = ctrl.io(&mut lab, 0, with_buffer(Command::compare(cid, 1, 0, 16), other));
+    let r = ctrl.io(
+        &mut lab,
+        0,
+        with_buffer(Command::compare(cid, 1, 0, 16), other),
+    );
     assert_eq!(r.cqe.status(), Status::COMPARE_FAILURE.with_dnr());
 
     // Write Zeroes over blocks 2..4.
     let cid = ctrl.cid();
-    expect_ok(&ctrl.io(&mut lab, 0, no_data(Command::write_zeroes(cid, 1, 2, 2, false))));
+    expect_ok(&ctrl.io(
+        &mut lab,
+        0,
+        no_data(Command::write_zeroes(cid, 1, 2, 2, false)),
+    ));
     let back = read(&mut lab, &mut ctrl, 0, 1, 0, 16, 512);
     assert!(back[1024..2048].iter().all(|&b| b == 0));
     assert_eq!(&back[..1024], &data[..1024]);
@@ -105,7 +158,11 @@ fn flush_write_zeroes_deallocate_and_compare() {
         payload.extend_from_slice(r.as_bytes());
     }
     let cid = ctrl.cid();
-    expect_ok(&ctrl.io(&mut lab, 0, with_buffer(Command::dsm(cid, 1, 2, true), payload)));
+    expect_ok(&ctrl.io(
+        &mut lab,
+        0,
+        with_buffer(Command::dsm(cid, 1, 2, true), payload),
+    ));
     let back = read(&mut lab, &mut ctrl, 0, 1, 0, 16, 512);
     assert!(back[8 * 512..10 * 512].iter().all(|&b| b == 0));
     assert_eq!(&back[10 * 512..12 * 512], &data[10 * 512..12 * 512]);
@@ -116,7 +173,11 @@ fn flush_write_zeroes_deallocate_and_compare() {
     bad.slba.set(4095);
     bad.nlb.set(2);
     let cid = ctrl.cid();
-    let r = ctrl.io(&mut lab, 0, with_buffer(Command::dsm(cid, 1, 1, true), bad.as_bytes().to_vec()));
+    let r = ctrl.io(
+        &mut lab,
+        0,
+        with_buffer(Command::dsm(cid, 1, 1, true), bad.as_bytes().to_vec()),
+    );
     assert_eq!(r.cqe.status(), Status::LBA_OUT_OF_RANGE.with_dnr());
 }
 
@@ -134,7 +195,10 @@ fn keep_alive_timeout_fails_the_controller_and_closes_its_queues() {
         std::thread::sleep(Duration::from_millis(20));
         lab.pg.poll();
     }
-    assert!(admin.is_disconnected(), "keep-alive expiry must tear the admin queue down");
+    assert!(
+        admin.is_disconnected(),
+        "keep-alive expiry must tear the admin queue down"
+    );
     assert!(subsystem.controller(cntlid).is_none(), "controller removed");
     assert_eq!(lab.pg.qpair_count(), 0);
     // The next host is served.
@@ -148,22 +212,41 @@ fn host_vanishing_mid_io_leaks_nothing_and_harms_no_one() {
     let mut victim = linux_bring_up(&mut lab, NQN, 2);
     for i in 0..16 {
         let cid = victim.cid();
-        victim.io[i % 2].submit(with_buffer(Command::write(cid, 1, i as u64 * 8, 8), pattern(4096, i as u8)));
+        victim.io[i % 2].submit(with_buffer(
+            Command::write(cid, 1, i as u64 * 8, 8),
+            pattern(4096, i as u8),
+        ));
     }
     let aer = victim.cid();
-    victim.admin.submit(no_data(Command::async_event_request(aer)));
+    victim
+        .admin
+        .submit(no_data(Command::async_event_request(aer)));
     drop(victim);
     for _ in 0..100 {
         lab.pg.poll();
     }
-    assert_eq!(lab.pg.qpair_count(), 0, "all queues of the vanished host are reaped");
+    assert_eq!(
+        lab.pg.qpair_count(),
+        0,
+        "all queues of the vanished host are reaped"
+    );
     assert_eq!(lab.pg.core.io_in_flight(), 0);
-    assert!(lab.target.subsystem(NQN).unwrap().shared.controllers().is_empty());
+    assert!(lab
+        .target
+        .subsystem(NQN)
+        .unwrap()
+        .shared
+        .controllers()
+        .is_empty());
 
     let mut next = linux_bring_up(&mut lab, NQN, 1);
     let data = pattern(4096, 77);
     let cid = next.cid();
-    expect_ok(&next.io(&mut lab, 0, with_buffer(Command::write(cid, 1, 0, 8), data.clone())));
+    expect_ok(&next.io(
+        &mut lab,
+        0,
+        with_buffer(Command::write(cid, 1, 0, 8), data.clone()),
+    ));
     assert_eq!(read(&mut lab, &mut next, 0, 1, 0, 8, 512), data);
 }
 
@@ -175,7 +258,10 @@ fn many_commands_in_flight_on_one_queue_all_complete() {
     let n = 300;
     for i in 0..n {
         let cid = ctrl.cid();
-        ctrl.io[0].submit(with_buffer(Command::write(cid, 2, (i % 1000) as u64, 1), pattern(4096, i as u8)));
+        ctrl.io[0].submit(with_buffer(
+            Command::write(cid, 2, (i % 1000) as u64, 1),
+            pattern(4096, i as u8),
+        ));
     }
     let mut done = 0;
     while done < n {

@@ -191,8 +191,18 @@ impl WorkCompletion {
     }
 
     /// The local rkey the peer invalidated with SEND_WITH_INVALIDATE (`IBV_WC_WITH_INV`).
+    ///
+    /// Soft-RoCE (rxe, at least through Linux 6.1) reports the invalidation with the kernel's
+    /// flag value (`IB_WC_WITH_INVALIDATE`, bit 2, which user space reads as
+    /// `IBV_WC_IP_CSUM_OK`), so this returns `None` there; the key is still in
+    /// [`Self::ex_data`].
     pub fn invalidated_rkey(&self) -> Option<u32> {
         (self.wc_flags & Self::WITH_INV != 0).then_some(self.imm_or_rkey)
+    }
+
+    /// The raw immediate-data / invalidated-rkey word, whatever the flags say.
+    pub fn ex_data(&self) -> u32 {
+        self.imm_or_rkey
     }
 }
 

@@ -33,6 +33,8 @@ pub enum RdmaError {
     AllocPd(io::Error),
     #[error("ibv_reg_mr failed: {0}")]
     RegMr(io::Error),
+    #[error("ibv_alloc_mw failed: {0}")]
+    AllocMw(io::Error),
     #[error("ibv_create_comp_channel failed: {0}")]
     CreateCompChannel(io::Error),
     #[error("ibv_create_cq failed: {0}")]
@@ -115,6 +117,7 @@ impl RdmaError {
             | QueryGid(e)
             | AllocPd(e)
             | RegMr(e)
+            | AllocMw(e)
             | CreateCompChannel(e)
             | CreateCq(e)
             | PollCq(e)

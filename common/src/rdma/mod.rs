@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! Context ── ProtectionDomain ── MemoryRegion (+ Arc of the memory's owner)
+//!    │              ├──────────── MemoryWindow (+ the region it was last bound to)
 //!    │              └──────────── SharedReceiveQueue
 //!    └── CompletionQueue (+ its completion channel)
 //! EventChannel ── CmId ── QueuePair (holds the CmId, PD, both CQs, the SRQ)
@@ -40,6 +41,7 @@ pub mod cq;
 pub mod device;
 pub mod error;
 pub mod mr;
+pub mod mw;
 pub mod pd;
 pub mod qp;
 pub mod srq;
@@ -56,10 +58,11 @@ pub use device::{
 };
 pub use error::{RdmaError, Result};
 pub use mr::{register_pool, AccessFlags, DmaBuf, MemoryRegion};
+pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use qp::{QpCaps, QueuePair};
 pub use srq::SharedReceiveQueue;
-pub use wr::{Payload, RecvWr, SendOp, SendWr, Sge, MAX_CHAIN};
+pub use wr::{MwBind, Payload, RecvWr, SendOp, SendWr, Sge, MAX_CHAIN};
 
 // rdma-sys writes the structs with unions in Rust by hand (`types.rs`) instead of generating
 // them from the headers; check them against the sizes gcc gives for this system's
@@ -105,5 +108,6 @@ const _: () = {
     assert!(cq::WcStatus::WR_FLUSH_ERR.0 == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR);
     assert!(cq::WcStatus::GENERAL_ERR.0 == sys::ibv_wc_status::IBV_WC_GENERAL_ERR);
     assert!(cq::WcOpcode::RECV.0 == sys::ibv_wc_opcode::IBV_WC_RECV);
+    assert!(cq::WcOpcode::BIND_MW.0 == sys::ibv_wc_opcode::IBV_WC_BIND_MW);
     assert!(cq::WcOpcode::LOCAL_INV.0 == sys::ibv_wc_opcode::IBV_WC_LOCAL_INV);
 };

@@ -63,6 +63,7 @@ pub struct MemoryRegion {
     raw: NonNull<sys::ibv_mr>,
     addr: *mut u8,
     len: usize,
+    access: AccessFlags,
     // Field order is drop order, but `Drop::drop` deregisters before any field drops, so the
     // owner and the PD outlive the registration either way.
     pd: Arc<ProtectionDomain>,
@@ -110,6 +111,7 @@ impl MemoryRegion {
             raw,
             addr,
             len,
+            access,
             pd: pd.clone(),
             owner,
         })
@@ -139,6 +141,10 @@ impl MemoryRegion {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    pub fn access(&self) -> AccessFlags {
+        self.access
     }
 
     pub fn pd(&self) -> &Arc<ProtectionDomain> {
@@ -196,6 +202,9 @@ impl Drop for MemoryRegion {
         let ret = unsafe { sys::ibv_dereg_mr(self.raw.as_ptr()) };
         if ret != 0 {
             tracing::warn!(err = %errno_from_ret(ret), "ibv_dereg_mr failed");
+            // The device may still reach the memory: keep it allocated for good rather than
+            // let it be freed under a live registration.
+            std::mem::forget(self.owner.clone());
         }
     }
 }
@@ -244,7 +253,9 @@ impl Drop for AlignedAlloc {
 /// hands out references to its bytes; [`DmaBuf::read_at`] and [`DmaBuf::write_at`] copy.
 /// The data path uses the registered buffer pool instead.
 pub struct DmaBuf {
-    mr: MemoryRegion,
+    /// Shared only to keep the memory alive (a memory window bound to it holds a clone);
+    /// `DmaBuf` stays the only CPU accessor.
+    mr: Arc<MemoryRegion>,
 }
 
 impl DmaBuf {
@@ -265,10 +276,10 @@ impl DmaBuf {
         // region) drops. Nothing else knows the pointer: `DmaBuf` only copies in and out
         // through raw pointers, so no Rust reference aliases the device's accesses.
         let mr = unsafe { MemoryRegion::register_raw(pd, ptr.as_ptr(), len, access, owner)? };
-        Ok(Self { mr })
+        Ok(Self { mr: Arc::new(mr) })
     }
 
-    pub fn mr(&self) -> &MemoryRegion {
+    pub fn mr(&self) -> &Arc<MemoryRegion> {
         &self.mr
     }
 

@@ -2,7 +2,7 @@
 //! allocation-free posting of chains of them.
 //!
 //! Posting is safe because the device can only touch memory through the keys of live
-//! registrations ([`MemoryRegion`](super::mr::MemoryRegion) keeps its memory alive and
+//! registrations ([`MemoryRegion`] keeps its memory alive and
 //! deregistration revokes the keys); what each buffer may be used for while a request is
 //! outstanding is the registered memory's owner's business (see
 //! [`MemoryRegion::register_raw`](super::mr::MemoryRegion::register_raw)). The one place the
@@ -11,8 +11,13 @@
 
 use std::mem::{self, MaybeUninit};
 use std::ptr;
+use std::sync::MutexGuard;
+
+use std::sync::Arc;
 
 use super::error::{errno_from_ret, RdmaError, Result};
+use super::mr::{AccessFlags, MemoryRegion};
+use super::mw::{inc_rkey, MemoryWindow};
 use super::sys;
 
 /// One scatter/gather entry: `length` bytes at `addr` inside the registration named by
@@ -34,8 +39,8 @@ const _: () = {
 };
 
 /// What a send-queue work request does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SendOp {
+#[derive(Clone, Copy, Debug)]
+pub enum SendOp<'a> {
     /// SEND: consumes a receive buffer at the peer.
     Send,
     /// SEND with 32-bit immediate data (host byte order here; sent big-endian).
@@ -47,6 +52,35 @@ pub enum SendOp {
     RdmaWrite { remote_addr: u64, rkey: u32 },
     /// RDMA READ from `remote_addr` under the peer's `rkey` into the local scatter list.
     RdmaRead { remote_addr: u64, rkey: u32 },
+    /// Invalidates a local window's or fast-registered key (`IBV_WR_LOCAL_INV`).
+    LocalInvalidate { rkey: u32 },
+    /// Binds a type 2 memory window (see [`SendWr::bind_mw`]).
+    BindMw(MwBind<'a>),
+}
+
+/// A type 2 memory window bind: exposes `len` bytes at `offset` of `mr` through `mw` under
+/// the new key `rkey` with `access`.
+#[derive(Clone, Copy)]
+pub struct MwBind<'a> {
+    pub mw: &'a Arc<MemoryWindow>,
+    pub mr: &'a Arc<MemoryRegion>,
+    pub offset: usize,
+    pub len: usize,
+    pub access: AccessFlags,
+    /// The key the window has once bound; [`MemoryWindow::rkey`] reports it after the post.
+    pub rkey: u32,
+}
+
+impl std::fmt::Debug for MwBind<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MwBind")
+            .field("mw", &self.mw.as_raw())
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .field("rkey", &format_args!("{:#x}", self.rkey))
+            .finish()
+    }
 }
 
 /// The local data of a send-queue work request.
@@ -74,7 +108,7 @@ impl Payload<'_> {
 pub struct SendWr<'a> {
     /// Returned in the work completion.
     pub wr_id: u64,
-    pub op: SendOp,
+    pub op: SendOp<'a>,
     pub payload: Payload<'a>,
     /// Generate a completion (`IBV_SEND_SIGNALED`). Unsignaled requests complete silently,
     /// but the send queue slot is only reclaimed by a later signaled completion.
@@ -86,7 +120,7 @@ pub struct SendWr<'a> {
 }
 
 impl<'a> SendWr<'a> {
-    pub fn new(wr_id: u64, op: SendOp, payload: Payload<'a>) -> Self {
+    pub fn new(wr_id: u64, op: SendOp<'a>, payload: Payload<'a>) -> Self {
         Self {
             wr_id,
             op,
@@ -126,6 +160,39 @@ impl<'a> SendWr<'a> {
             wr_id,
             SendOp::RdmaRead { remote_addr, rkey },
             Payload::Sges(sges),
+        )
+    }
+
+    /// Local invalidation of `rkey` (a memory window's key).
+    pub fn local_invalidate(wr_id: u64, rkey: u32) -> Self {
+        Self::new(wr_id, SendOp::LocalInvalidate { rkey }, Payload::Sges(&[]))
+    }
+
+    /// Binds `mw` to `len` bytes at `offset` of `mr` (registered with
+    /// [`AccessFlags::MW_BIND`]) with `access` (remote read and/or write). The window gets
+    /// the next key of its sequence; read it with [`MemoryWindow::rkey`] after posting.
+    /// Post one bind per window at a time, and use the window only on this QP afterwards
+    /// (type 2B windows belong to the QP that bound them).
+    pub fn bind_mw(
+        wr_id: u64,
+        mw: &'a Arc<MemoryWindow>,
+        mr: &'a Arc<MemoryRegion>,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+    ) -> Self {
+        let rkey = inc_rkey(mw.rkey());
+        Self::new(
+            wr_id,
+            SendOp::BindMw(MwBind {
+                mw,
+                mr,
+                offset,
+                len,
+                access,
+                rkey,
+            }),
+            Payload::Sges(&[]),
         )
     }
 
@@ -170,7 +237,7 @@ fn num_sge(n: usize) -> Result<libc::c_int> {
 /// Checks what the provider would otherwise find out halfway through a chain (or, for inline
 /// data, what it might not check at all).
 pub(crate) fn validate_send(max_inline: u32, wrs: &[SendWr<'_>]) -> Result<()> {
-    for wr in wrs {
+    for (i, wr) in wrs.iter().enumerate() {
         if let Payload::Inline(data) = wr.payload {
             if matches!(wr.op, SendOp::RdmaRead { .. }) {
                 return Err(RdmaError::InvalidArgument("RDMA READ cannot be inline"));
@@ -182,6 +249,31 @@ pub(crate) fn validate_send(max_inline: u32, wrs: &[SendWr<'_>]) -> Result<()> {
             }
         }
         num_sge(wr.payload.len())?;
+        if let SendOp::BindMw(b) = wr.op {
+            if !b.mr.contains(b.offset, b.len) {
+                return Err(RdmaError::InvalidArgument(
+                    "memory window bind outside the region",
+                ));
+            }
+            if !Arc::ptr_eq(b.mw.pd(), b.mr.pd()) {
+                return Err(RdmaError::InvalidArgument(
+                    "memory window and region are on different PDs",
+                ));
+            }
+            if !b.mr.access().contains(AccessFlags::MW_BIND) {
+                return Err(RdmaError::InvalidArgument(
+                    "region was not registered with MW_BIND",
+                ));
+            }
+            let twice = wrs[..i]
+                .iter()
+                .any(|w| matches!(w.op, SendOp::BindMw(p) if Arc::ptr_eq(p.mw, b.mw)));
+            if twice {
+                return Err(RdmaError::InvalidArgument(
+                    "a memory window is bound twice in one post",
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -200,8 +292,28 @@ pub(crate) unsafe fn post_send(
     validate_send(max_inline, wrs)?;
     for (chunk_no, chunk) in wrs.chunks(MAX_CHAIN).enumerate() {
         let base = chunk_no * MAX_CHAIN;
+        // Windows bound in this chunk stay locked across the post (validation rejected a
+        // window bound twice, which would deadlock here).
+        let mut guards: [Option<MutexGuard<'_, Option<Arc<MemoryRegion>>>>; MAX_CHAIN] =
+            [const { None }; MAX_CHAIN];
+        for (guard, wr) in guards.iter_mut().zip(chunk) {
+            if let SendOp::BindMw(b) = wr.op {
+                *guard = Some(b.mw.lock_bind());
+            }
+        }
         // SAFETY: forwarded from the caller; the chunk was validated.
-        unsafe { post_send_chunk(qp, chunk) }.map_err(|(source, i)| RdmaError::PostSend {
+        let result = unsafe { post_send_chunk(qp, chunk) };
+        let posted = match &result {
+            Ok(()) => chunk.len(),
+            Err((_, i)) => *i,
+        };
+        for (guard, wr) in guards.iter_mut().zip(&chunk[..posted]) {
+            if let (SendOp::BindMw(b), Some(g)) = (wr.op, guard.as_mut()) {
+                b.mw.commit_bind(g, b.rkey, b.mr);
+            }
+        }
+        drop(guards);
+        result.map_err(|(source, i)| RdmaError::PostSend {
             source,
             index: base + i,
         })?;
@@ -277,6 +389,25 @@ unsafe fn post_send_chunk(
             SendOp::RdmaRead { remote_addr, rkey } => {
                 raw.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_READ;
                 raw.wr.rdma = sys::rdma_t { remote_addr, rkey };
+            }
+            SendOp::LocalInvalidate { rkey } => {
+                raw.opcode = sys::ibv_wr_opcode::IBV_WR_LOCAL_INV;
+                raw.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+            }
+            SendOp::BindMw(b) => {
+                raw.opcode = sys::ibv_wr_opcode::IBV_WR_BIND_MW;
+                // Both handles are borrowed for the call and stay alive after it: the caller
+                // holds them, and the window keeps the region once the bind is recorded.
+                raw.bind_mw_tso_union.bind_mw = sys::bind_mw_t {
+                    mw: b.mw.as_raw(),
+                    rkey: b.rkey,
+                    bind_info: sys::ibv_mw_bind_info {
+                        mr: b.mr.as_raw(),
+                        addr: b.mr.remote_addr(b.offset),
+                        length: b.len as u64,
+                        mw_access_flags: b.access.0,
+                    },
+                };
             }
         }
         chain[i].write(raw);
@@ -376,13 +507,13 @@ mod tests {
         let sge = [Sge::default()];
         let wr = SendWr::rdma_read(7, &sge, 0x1000, 0x42).signaled(false);
         assert!(!wr.signaled);
-        assert_eq!(
+        assert!(matches!(
             wr.op,
             SendOp::RdmaRead {
                 remote_addr: 0x1000,
                 rkey: 0x42
             }
-        );
+        ));
         assert!(SendWr::send(1, &sge).signaled);
     }
 

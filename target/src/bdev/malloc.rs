@@ -74,7 +74,7 @@ impl MallocBdev {
         block_size: u32,
         uuid: Option<[u8; 16]>,
     ) -> Result<Self, BdevError> {
-        if block_size == 0 || block_size % 512 != 0 {
+        if block_size == 0 || !block_size.is_multiple_of(512) {
             return Err(BdevError::InvalidParams(format!(
                 "Data block size {block_size} is not a multiple of 512"
             )));
@@ -260,7 +260,9 @@ pub fn rpc_bdev_malloc_create(
     )?;
     let pbs = params.physical_block_size;
     if pbs != 0
-        && (!pbs.is_power_of_two() || pbs < params.block_size || pbs % params.block_size != 0)
+        && (!pbs.is_power_of_two()
+            || pbs < params.block_size
+            || !pbs.is_multiple_of(params.block_size))
     {
         return Err(util::invalid(format!(
             "physical_block_size {pbs} must be a power of two multiple of block_size {}",

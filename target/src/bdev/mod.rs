@@ -189,7 +189,10 @@ impl From<BdevError> for nvmf_rpc::RpcError {
 /// Checks an I/O against the device's size. Backends call this first so that no LBA, however
 /// large, can index outside the device.
 pub fn check_range(bdev_blocks: u64, io: &BdevIo, block_size: u32) -> IoResult {
-    let end = io.offset_blocks.checked_add(io.num_blocks).ok_or(libc::EINVAL)?;
+    let end = io
+        .offset_blocks
+        .checked_add(io.num_blocks)
+        .ok_or(libc::EINVAL)?;
     if end > bdev_blocks {
         return Err(libc::EINVAL);
     }

@@ -90,7 +90,7 @@ pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
             continue;
         }
         let v = (c as char).to_digit(16)? as u8;
-        out[nibbles / 2] |= if nibbles % 2 == 0 { v << 4 } else { v };
+        out[nibbles / 2] |= if nibbles.is_multiple_of(2) { v << 4 } else { v };
         nibbles += 1;
     }
     Some(out)

@@ -30,11 +30,18 @@ const DEFAULT_TEMPERATURE_THRESHOLD: u32 = 0x0157;
 type Key = (SubsystemId, u16);
 
 fn key_of(q: &QueueState) -> Key {
-    let ctrl = q.ctrl.as_ref().expect("admin commands run on connected queues");
+    let ctrl = q
+        .ctrl
+        .as_ref()
+        .expect("admin commands run on connected queues");
     (ctrl.subsystem_id, ctrl.cntlid)
 }
 
-pub fn prepare(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Result<Prepared, Status> {
+pub fn prepare(
+    core: &mut CoreCtx,
+    q: &mut QueueState,
+    req: &mut Request,
+) -> Result<Prepared, Status> {
     let ctrl = q.ctrl.as_ref().expect("checked by the caller");
     let opcode = AdminOpcode(req.cmd.opcode);
     let discovery = ctrl.kind == SubsystemKind::Discovery;
@@ -74,9 +81,9 @@ pub fn prepare(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Res
                 no_data(q, req)
             }
         }
-        AdminOpcode::SET_FEATURES
-        | AdminOpcode::KEEP_ALIVE
-        | AdminOpcode::ASYNC_EVENT_REQUEST => no_data(q, req),
+        AdminOpcode::SET_FEATURES | AdminOpcode::KEEP_ALIVE | AdminOpcode::ASYNC_EVENT_REQUEST => {
+            no_data(q, req)
+        }
         AdminOpcode::ABORT if !discovery => no_data(q, req),
         _ => Err(Status::INVALID_OPCODE.with_dnr()),
     }
@@ -176,7 +183,11 @@ fn identify(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
     req.fail(Status::SUCCESS)
 }
 
-fn identify_controller(core: &CoreCtx, q: &QueueState, sub: &SubsystemConfig) -> IdentifyController {
+fn identify_controller(
+    core: &CoreCtx,
+    q: &QueueState,
+    sub: &SubsystemConfig,
+) -> IdentifyController {
     let ctrl = q.ctrl.as_ref().expect("connected");
     let limits = &q.limits;
     let mut id = IdentifyController::new_zeroed();
@@ -192,7 +203,15 @@ fn identify_controller(core: &CoreCtx, q: &QueueState, sub: &SubsystemConfig) ->
     id.aerl = (AER_LIMIT - 1) as u8;
     id.elpe = (ERROR_LOG_ENTRIES - 1) as u8;
     id.lpa = LPA_EXTENDED_DATA;
-    id.sgls.set(SGLS_SUPPORTED | SGLS_KEYED | if limits.in_capsule_data_size > 0 { SGLS_OFFSET } else { 0 });
+    id.sgls.set(
+        SGLS_SUPPORTED
+            | SGLS_KEYED
+            | if limits.in_capsule_data_size > 0 {
+                SGLS_OFFSET
+            } else {
+                0
+            },
+    );
     id.ioccsz.set((64 + limits.in_capsule_data_size) / 16);
     id.iorcsz.set(1);
     id.icdoff.set(0);
@@ -224,14 +243,21 @@ fn identify_controller(core: &CoreCtx, q: &QueueState, sub: &SubsystemConfig) ->
 fn get_log_page(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
     let glp = GetLogPage::parse(&req.cmd);
     let key = key_of(q);
-    let discovery = q.ctrl.as_ref().is_some_and(|c| c.kind == SubsystemKind::Discovery);
+    let discovery = q
+        .ctrl
+        .as_ref()
+        .is_some_and(|c| c.kind == SubsystemKind::Discovery);
     // The offset must be dword-aligned (NVMe 2.0 base, 5.16: LPOL bits 1:0 are reserved).
-    if glp.offset % 4 != 0 {
+    if !glp.offset.is_multiple_of(4) {
         return req.fail(Status::INVALID_FIELD.with_dnr());
     }
     let page: Vec<u8> = match glp.lid {
         LogPageId::DISCOVERY if discovery => {
-            let hostnqn = q.ctrl.as_ref().map(|c| c.hostnqn.clone()).unwrap_or_default();
+            let hostnqn = q
+                .ctrl
+                .as_ref()
+                .map(|c| c.hostnqn.clone())
+                .unwrap_or_default();
             discovery::log_page(core, &hostnqn)
         }
         LogPageId::ERROR_INFORMATION => {
@@ -259,7 +285,10 @@ fn get_log_page(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
             if local.changed_ns_overflow {
                 page[..4].copy_from_slice(&u32::MAX.to_le_bytes());
             } else {
-                for (slot, nsid) in page.chunks_exact_mut(4).zip(local.changed_namespaces.iter()) {
+                for (slot, nsid) in page
+                    .chunks_exact_mut(4)
+                    .zip(local.changed_namespaces.iter())
+                {
                     slot.copy_from_slice(&nsid.to_le_bytes());
                 }
             }
@@ -301,7 +330,10 @@ fn smart_log(core: &CoreCtx, q: &QueueState) -> SmartHealthLog {
     set_u128(&mut log.host_read_commands, reads);
     set_u128(&mut log.host_write_commands, writes);
     if let Some(local) = core.controllers.get(&key_of(q)) {
-        set_u128(&mut log.num_error_log_entries, u128::from(local.error_count));
+        set_u128(
+            &mut log.num_error_log_entries,
+            u128::from(local.error_count),
+        );
     }
     log
 }
@@ -339,8 +371,20 @@ fn get_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
             });
             NumberOfQueues { nsq: n, ncq: n }.to_dword()
         }
-        FeatureId::KEEP_ALIVE_TIMER => if defaults { 0 } else { ctrl.kato_ms() },
-        FeatureId::ASYNC_EVENT_CONFIGURATION => if defaults { 0 } else { local.async_event_config },
+        FeatureId::KEEP_ALIVE_TIMER => {
+            if defaults {
+                0
+            } else {
+                ctrl.kato_ms()
+            }
+        }
+        FeatureId::ASYNC_EVENT_CONFIGURATION => {
+            if defaults {
+                0
+            } else {
+                local.async_event_config
+            }
+        }
         FeatureId::VOLATILE_WRITE_CACHE => u32::from(defaults || ctrl.write_cache_enabled()),
         FeatureId::HOST_IDENTIFIER => {
             req.fill_data(&ctrl.hostid);
@@ -355,7 +399,11 @@ fn get_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
             if defaults {
                 default
             } else {
-                local.stored_features.get(&gf.fid.0).copied().unwrap_or(default)
+                local
+                    .stored_features
+                    .get(&gf.fid.0)
+                    .copied()
+                    .unwrap_or(default)
             }
         }
         _ => return req.fail(Status::INVALID_FIELD.with_dnr()),
@@ -394,8 +442,13 @@ fn set_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
             let asked = NumberOfQueues::from_dword(sf.cdw11);
             let max = u32::from(q.limits.max_qpairs_per_ctrl.saturating_sub(1));
             let granted = asked.nsq.min(asked.ncq).min(max).max(1);
-            ctrl.max_io_qid.store(granted as u16, std::sync::atomic::Ordering::Relaxed);
-            NumberOfQueues { nsq: granted, ncq: granted }.to_dword()
+            ctrl.max_io_qid
+                .store(granted as u16, std::sync::atomic::Ordering::Relaxed);
+            NumberOfQueues {
+                nsq: granted,
+                ncq: granted,
+            }
+            .to_dword()
         }
         FeatureId::KEEP_ALIVE_TIMER => {
             ctrl.set_kato_ms(sf.cdw11);
@@ -403,7 +456,11 @@ fn set_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
             0
         }
         FeatureId::ASYNC_EVENT_CONFIGURATION => {
-            let allowed = if discovery { AEC_DISCOVERY_LOG_CHANGE } else { AEC_NAMESPACE_ATTRIBUTE };
+            let allowed = if discovery {
+                AEC_DISCOVERY_LOG_CHANGE
+            } else {
+                AEC_NAMESPACE_ATTRIBUTE
+            };
             if sf.cdw11 & !allowed & !0xFF != 0 {
                 return req.fail(Status::INVALID_FIELD.with_dnr());
             }
@@ -412,7 +469,8 @@ fn set_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
         }
         FeatureId::VOLATILE_WRITE_CACHE if !discovery => {
             let sub = core.subsystem(key.0);
-            let present = sub.is_some_and(|s| s.namespaces.values().any(|n| n.bdev.has_write_cache()));
+            let present =
+                sub.is_some_and(|s| s.namespaces.values().any(|n| n.bdev.has_write_cache()));
             // Without a volatile cache the feature does not exist (NVMe 2.0 base, 5.27.1.4).
             if !present {
                 return req.fail(Status::INVALID_FIELD.with_dnr());
@@ -455,14 +513,22 @@ fn deliver_events(core: &mut CoreCtx, key: Key) {
         }
     }
     for (tag, dw0) in ready {
-        core.wake(tag, crate::core::request::Wakeup::Finished { status: Status::SUCCESS, dw0 });
+        core.wake(
+            tag,
+            crate::core::request::Wakeup::Finished {
+                status: Status::SUCCESS,
+                dw0,
+            },
+        );
     }
 }
 
 /// Queues a Namespace Attribute Changed notice if the host enabled it and has read the last
 /// one's log page.
 pub(crate) fn raise_namespace_notice(core: &mut CoreCtx, key: Key) {
-    let Some(local) = core.controllers.get_mut(&key) else { return };
+    let Some(local) = core.controllers.get_mut(&key) else {
+        return;
+    };
     if local.async_event_config & AEC_NAMESPACE_ATTRIBUTE == 0 || local.ns_change_masked {
         return;
     }
@@ -477,7 +543,9 @@ pub(crate) fn raise_namespace_notice(core: &mut CoreCtx, key: Key) {
 
 /// Queues a Discovery Log Page Change notice for a discovery controller that asked for them.
 pub(crate) fn raise_discovery_notice(core: &mut CoreCtx, key: Key) {
-    let Some(local) = core.controllers.get_mut(&key) else { return };
+    let Some(local) = core.controllers.get_mut(&key) else {
+        return;
+    };
     if local.async_event_config & AEC_DISCOVERY_LOG_CHANGE == 0 {
         return;
     }

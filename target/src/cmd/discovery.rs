@@ -78,7 +78,9 @@ pub fn log_page(core: &CoreCtx, hostnqn: &str) -> Vec<u8> {
         }
     }
     let mut header = DiscoveryLogHeader::new_zeroed();
-    header.genctr.set(core.info.discovery_genctr.load(Ordering::Relaxed));
+    header
+        .genctr
+        .set(core.info.discovery_genctr.load(Ordering::Relaxed));
     header.numrec.set(entries.len() as u64);
     let mut page = Vec::with_capacity(1024 * (entries.len() + 1));
     page.extend_from_slice(header.as_bytes());

@@ -31,7 +31,11 @@ const SHST_COMPLETE: u8 = 2;
 
 const CONNECT_DATA_LEN: u32 = core::mem::size_of::<ConnectData>() as u32;
 
-pub fn prepare(_core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Result<Prepared, Status> {
+pub fn prepare(
+    _core: &mut CoreCtx,
+    q: &mut QueueState,
+    req: &mut Request,
+) -> Result<Prepared, Status> {
     let fctype = FabricsCommand::from_command(&req.cmd).fctype();
     match fctype {
         FabricsCommandType::CONNECT => {
@@ -41,7 +45,12 @@ pub fn prepare(_core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Re
             if ConnectCommand::from_command(&req.cmd).recfmt.get() != RECFMT_0 {
                 return Err(Status::INCOMPATIBLE_FORMAT.with_dnr());
             }
-            data_phase(q, &req.cmd, DataDirection::HostToController, CONNECT_DATA_LEN)
+            data_phase(
+                q,
+                &req.cmd,
+                DataDirection::HostToController,
+                CONNECT_DATA_LEN,
+            )
         }
         FabricsCommandType::PROPERTY_GET | FabricsCommandType::PROPERTY_SET => {
             if !q.is_connected() {
@@ -87,7 +96,11 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
         return invalid_param(req, false, off::SQE_QID);
     }
     let Some(sub) = core.subsystem_by_nqn(data.subnqn()) else {
-        tracing::warn!(subnqn = data.subnqn(), hostnqn = data.hostnqn(), "connect to unknown subsystem");
+        tracing::warn!(
+            subnqn = data.subnqn(),
+            hostnqn = data.hostnqn(),
+            "connect to unknown subsystem"
+        );
         return invalid_param(req, true, off::DATA_SUBNQN);
     };
     let config = Arc::clone(&sub.config);
@@ -108,24 +121,30 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
         };
         let now = core.now_ms();
         let group = core.group;
-        let Some(ctrl) = config.shared.add_controller(config.min_cntlid, config.max_cntlid, |cntlid| {
-            Arc::new(ControllerShared::new(
-                cntlid,
-                config.id,
-                config.nqn.clone(),
-                config.kind,
-                data.hostnqn().to_string(),
-                data.hostid,
-                group,
-                max_io_qid,
-                cmd.kato.get(),
-                now,
-            ))
-        }) else {
+        let Some(ctrl) =
+            config
+                .shared
+                .add_controller(config.min_cntlid, config.max_cntlid, |cntlid| {
+                    Arc::new(ControllerShared::new(
+                        cntlid,
+                        config.id,
+                        config.nqn.clone(),
+                        config.kind,
+                        data.hostnqn().to_string(),
+                        data.hostid,
+                        group,
+                        max_io_qid,
+                        cmd.kato.get(),
+                        now,
+                    ))
+                })
+        else {
             return req.fail(Status::CONTROLLER_BUSY);
         };
-        core.controllers
-            .insert((config.id, ctrl.cntlid), ControllerLocal::new(Arc::clone(&ctrl)));
+        core.controllers.insert(
+            (config.id, ctrl.cntlid),
+            ControllerLocal::new(Arc::clone(&ctrl)),
+        );
         tracing::info!(cntlid = ctrl.cntlid, subnqn = %config.nqn, hostnqn = data.hostnqn(),
             kato_ms = cmd.kato.get(), peer = %q.peer, "controller created");
         q.qid = 0;
@@ -181,7 +200,10 @@ pub fn capabilities(q: &QueueState) -> Cap {
 
 fn property_get(q: &QueueState, req: &mut Request) -> Exec {
     let cmd = *PropertyGetCommand::from_command(&req.cmd);
-    let ctrl = q.ctrl.as_ref().expect("prepare checked the queue is connected");
+    let ctrl = q
+        .ctrl
+        .as_ref()
+        .expect("prepare checked the queue is connected");
     let prop = Property(cmd.offset.get());
     let Some(size) = cmd.size() else {
         return req.fail(Status::INVALID_FIELD.with_dnr());
@@ -203,15 +225,17 @@ fn property_get(q: &QueueState, req: &mut Request) -> Exec {
 
 fn property_set(q: &QueueState, req: &mut Request) -> Exec {
     let cmd = *PropertySetCommand::from_command(&req.cmd);
-    let ctrl = q.ctrl.as_ref().expect("prepare checked the queue is connected");
+    let ctrl = q
+        .ctrl
+        .as_ref()
+        .expect("prepare checked the queue is connected");
     let prop = Property(cmd.offset.get());
     if prop != Property::CC || cmd.size() != Some(4) {
         // CAP, VS and CSTS are read-only; NSSR and the PCIe queue registers do not exist here.
         return req.fail(Status::INVALID_FIELD.with_dnr());
     }
     write_cc(ctrl, Cc(cmd.value.get() as u32));
-    req.complete(Status::SUCCESS)
-        ;
+    req.complete(Status::SUCCESS);
     Exec::Complete
 }
 

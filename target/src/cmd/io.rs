@@ -29,14 +29,20 @@ fn check_range(ns: &Namespace, slba: u64, nlb: u64) -> Result<(), Status> {
     }
 }
 
-pub fn prepare(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Result<Prepared, Status> {
+pub fn prepare(
+    core: &mut CoreCtx,
+    q: &mut QueueState,
+    req: &mut Request,
+) -> Result<Prepared, Status> {
     let ctrl = q.ctrl.as_ref().expect("checked by the caller");
     if !ctrl.is_ready() {
         return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
     }
     let nsid = req.cmd.nsid.get();
     let sid = q.subsystem.expect("connected queues have a subsystem");
-    let ns = core.namespace(sid, nsid).ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+    let ns = core
+        .namespace(sid, nsid)
+        .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
     req.nsid = nsid;
     let read_only = ns.bdev.read_only();
     match IoOpcode(req.cmd.opcode) {
@@ -71,7 +77,12 @@ pub fn prepare(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Res
             if dsm.attr_deallocate && read_only {
                 return Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr());
             }
-            data_phase(q, &req.cmd, DataDirection::HostToController, dsm.nr * DSM_RANGE_LEN)
+            data_phase(
+                q,
+                &req.cmd,
+                DataDirection::HostToController,
+                dsm.nr * DSM_RANGE_LEN,
+            )
         }
         _ => Err(Status::INVALID_OPCODE.with_dnr()),
     }
@@ -93,14 +104,26 @@ pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exe
     let bdev_io = match IoOpcode(req.cmd.opcode) {
         IoOpcode::READ => {
             let rw = ReadWrite::parse(&req.cmd);
-            io(IoKind::Read, rw.slba, u64::from(rw.nlb), req.data.take(), false)
+            io(
+                IoKind::Read,
+                rw.slba,
+                u64::from(rw.nlb),
+                req.data.take(),
+                false,
+            )
         }
         IoOpcode::WRITE => {
             let rw = ReadWrite::parse(&req.cmd);
             let ctrl = q.ctrl.as_ref().expect("connected");
             // With the host's write cache switched off every write must be durable at once.
             let fua = rw.fua || (ns.bdev.has_write_cache() && !ctrl.write_cache_enabled());
-            io(IoKind::Write, rw.slba, u64::from(rw.nlb), req.data.take(), fua)
+            io(
+                IoKind::Write,
+                rw.slba,
+                u64::from(rw.nlb),
+                req.data.take(),
+                fua,
+            )
         }
         IoOpcode::COMPARE => {
             let rw = ReadWrite::parse(&req.cmd);
@@ -146,13 +169,22 @@ fn aux_buffer(core: &mut CoreCtx, q: &QueueState, len: u32) -> Option<nvmf_commo
 }
 
 /// Deallocates each range; attributes other than Deallocate are hints and need no action.
-fn dataset_management(core: &mut CoreCtx, sid: SubsystemId, ns: &Namespace, req: &mut Request) -> Exec {
+fn dataset_management(
+    core: &mut CoreCtx,
+    sid: SubsystemId,
+    ns: &Namespace,
+    req: &mut Request,
+) -> Exec {
     let dsm = Dsm::parse(&req.cmd);
     if !dsm.attr_deallocate {
         return req.fail(Status::SUCCESS);
     }
     let mut ranges = Vec::with_capacity(dsm.nr as usize);
-    for chunk in req.data().chunks_exact(DSM_RANGE_LEN as usize).take(dsm.nr as usize) {
+    for chunk in req
+        .data()
+        .chunks_exact(DSM_RANGE_LEN as usize)
+        .take(dsm.nr as usize)
+    {
         let range = DsmRange::read_from_bytes(chunk).expect("chunk is exactly one range");
         let (slba, nlb) = (range.slba.get(), u64::from(range.nlb.get()));
         if let Err(status) = check_range(ns, slba, nlb) {
@@ -187,7 +219,12 @@ fn dataset_management(core: &mut CoreCtx, sid: SubsystemId, ns: &Namespace, req:
     Exec::Pending
 }
 
-pub fn on_bdev_complete(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request, done: BdevCompletion) -> Exec {
+pub fn on_bdev_complete(
+    core: &mut CoreCtx,
+    q: &mut QueueState,
+    req: &mut Request,
+    done: BdevCompletion,
+) -> Exec {
     let opcode = IoOpcode(req.cmd.opcode);
     let status = from_bdev(done.kind, done.result);
     let ns = core.namespace(ids(q, req).0, req.nsid).cloned();
@@ -207,7 +244,11 @@ pub fn on_bdev_complete(core: &mut CoreCtx, q: &mut QueueState, req: &mut Reques
                 return req.fail(status);
             }
             let same = device_copy.as_deref() == Some(req.data());
-            req.fail(if same { Status::SUCCESS } else { Status::COMPARE_FAILURE.with_dnr() })
+            req.fail(if same {
+                Status::SUCCESS
+            } else {
+                Status::COMPARE_FAILURE.with_dnr()
+            })
         }
         IoOpcode::DATASET_MANAGEMENT => {
             req.progress.outstanding = req.progress.outstanding.saturating_sub(1);

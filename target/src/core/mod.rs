@@ -136,7 +136,11 @@ impl CoreCtx {
                             retry: VecDeque::new(),
                         },
                         Err(e) => {
-                            tracing::error!(nsid, bdev = ns.bdev.name(), "cannot open bdev channel: {e}");
+                            tracing::error!(
+                                nsid,
+                                bdev = ns.bdev.name(),
+                                "cannot open bdev channel: {e}"
+                            );
                             continue;
                         }
                     }
@@ -154,7 +158,8 @@ impl CoreCtx {
             }
         }
         self.by_nqn.insert(config.nqn.clone(), id);
-        self.subsystems.insert(id, GroupSubsystem { config, namespaces });
+        self.subsystems
+            .insert(id, GroupSubsystem { config, namespaces });
         if !changed.is_empty() {
             self.notify_namespace_change(id, &changed);
         }
@@ -354,7 +359,12 @@ impl CoreCtx {
     }
 
     /// Submits an I/O to a namespace's channel, queueing it if the channel is busy.
-    pub(crate) fn submit_io(&mut self, subsystem: SubsystemId, nsid: u32, io: BdevIo) -> Result<(), Status> {
+    pub(crate) fn submit_io(
+        &mut self,
+        subsystem: SubsystemId,
+        nsid: u32,
+        io: BdevIo,
+    ) -> Result<(), Status> {
         let gns = self
             .subsystems
             .get_mut(&subsystem)
@@ -398,7 +408,9 @@ impl CoreCtx {
 }
 
 fn poll_namespace(gns: &mut GroupNamespace, wakeups: &mut Vec<(ReqTag, Wakeup)>) -> usize {
-    let done = gns.channel.poll(&mut |c| wakeups.push((ReqTag(c.tag), Wakeup::Bdev(c))));
+    let done = gns
+        .channel
+        .poll(&mut |c| wakeups.push((ReqTag(c.tag), Wakeup::Bdev(c))));
     while let Some(io) = gns.retry.pop_front() {
         if let Err(io) = gns.channel.submit(io) {
             gns.retry.push_front(io);

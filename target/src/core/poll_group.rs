@@ -70,17 +70,17 @@ impl PollGroup {
     }
 
     /// Adds a transport's poll group; its index is what it must put in its request tags.
-    pub fn add_transport(
-        &mut self,
-        make: impl FnOnce(u8) -> Box<dyn TransportPollGroup>,
-    ) -> usize {
+    pub fn add_transport(&mut self, make: impl FnOnce(u8) -> Box<dyn TransportPollGroup>) -> usize {
         let index = self.transports.len();
         assert!(index < 256, "a reactor polls at most 256 transports");
         self.transports.push(make(index as u8));
         index
     }
 
-    pub fn transport_mut(&mut self, index: usize) -> Option<&mut (dyn TransportPollGroup + 'static)> {
+    pub fn transport_mut(
+        &mut self,
+        index: usize,
+    ) -> Option<&mut (dyn TransportPollGroup + 'static)> {
         self.transports.get_mut(index).map(|t| t.as_mut())
     }
 
@@ -137,7 +137,10 @@ impl PollGroup {
         while self.core.io_in_flight() > 0 || self.core.has_wakeups() || self.qpair_count() > 0 {
             self.poll();
             if std::time::Instant::now() > deadline {
-                tracing::warn!(in_flight = self.core.io_in_flight(), "shutdown: abandoning bdev I/O that did not complete");
+                tracing::warn!(
+                    in_flight = self.core.io_in_flight(),
+                    "shutdown: abandoning bdev I/O that did not complete"
+                );
                 break;
             }
         }

@@ -68,7 +68,10 @@ pub enum Exec {
 pub enum Wakeup {
     Bdev(BdevCompletion),
     /// An admin command held by the core (an AER) finished with this status and dword 0.
-    Finished { status: Status, dw0: u32 },
+    Finished {
+        status: Status,
+        dw0: u32,
+    },
     /// The controller or queue went away: complete with this status (usually aborted).
     Aborted(Status),
 }

@@ -40,8 +40,14 @@ mod tests {
     #[test]
     fn errno_mapping_follows_the_direction_and_dnr_rules() {
         assert_eq!(from_bdev(IoKind::Read, Ok(())), Status::SUCCESS);
-        assert_eq!(from_bdev(IoKind::Read, Err(libc::EIO)), Status::UNRECOVERED_READ_ERROR);
-        assert_eq!(from_bdev(IoKind::Write, Err(libc::EIO)), Status::WRITE_FAULT);
+        assert_eq!(
+            from_bdev(IoKind::Read, Err(libc::EIO)),
+            Status::UNRECOVERED_READ_ERROR
+        );
+        assert_eq!(
+            from_bdev(IoKind::Write, Err(libc::EIO)),
+            Status::WRITE_FAULT
+        );
         let nospc = from_bdev(IoKind::Write, Err(libc::ENOSPC));
         assert_eq!(nospc, Status::CAPACITY_EXCEEDED.with_dnr());
         assert!(nospc.dnr);

@@ -160,9 +160,9 @@ impl SubsystemShared {
                 min
             };
             *next = if candidate >= max { min } else { candidate + 1 };
-            if !controllers.contains_key(&candidate) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = controllers.entry(candidate) {
                 let ctrl = build(candidate);
-                controllers.insert(candidate, Arc::clone(&ctrl));
+                slot.insert(Arc::clone(&ctrl));
                 return Some(ctrl);
             }
         }

@@ -166,17 +166,25 @@ impl LoopbackPollGroup {
     fn receive(&mut self, core: &mut CoreCtx, qi: usize) -> usize {
         let mut n = 0;
         loop {
-            let Some(qp) = self.qpairs[qi].as_mut() else { return n };
+            let Some(qp) = self.qpairs[qi].as_mut() else {
+                return n;
+            };
             if qp.closing {
                 return n;
             }
-            let Some(capsule) = qp.wire.to_target.pop() else { return n };
+            let Some(capsule) = qp.wire.to_target.pop() else {
+                return n;
+            };
             n += 1;
             let si = match qp.slots.iter().position(|s| !s.busy) {
                 Some(i) => i,
                 None => {
                     let tag = slot_tag(self.index, qi, qp.slots.len());
-                    qp.slots.push(Slot { req: Request::new(tag), host_buffer: Vec::new(), busy: false });
+                    qp.slots.push(Slot {
+                        req: Request::new(tag),
+                        host_buffer: Vec::new(),
+                        busy: false,
+                    });
                     qp.slots.len() - 1
                 }
             };
@@ -241,14 +249,19 @@ impl LoopbackPollGroup {
         }
         req.data = None;
         if !qp.closing {
-            qp.wire.to_host.push(Response { cqe: req.rsp, host_buffer });
+            qp.wire.to_host.push(Response {
+                cqe: req.rsp,
+                host_buffer,
+            });
         }
     }
 
     fn retry_waiting(&mut self, core: &mut CoreCtx) -> usize {
         let mut n = 0;
         while self.pool.available() > 0 {
-            let Some((qi, si)) = self.waiting_for_buffer.pop_front() else { break };
+            let Some((qi, si)) = self.waiting_for_buffer.pop_front() else {
+                break;
+            };
             if self.qpairs[qi].as_ref().is_some_and(|qp| qp.slots[si].busy) {
                 self.attach_buffer(core, qi, si);
                 n += 1;
@@ -259,7 +272,9 @@ impl LoopbackPollGroup {
 
     fn reap_closed(&mut self, core: &mut CoreCtx) {
         for qi in 0..self.qpairs.len() {
-            let Some(qp) = self.qpairs[qi].as_mut() else { continue };
+            let Some(qp) = self.qpairs[qi].as_mut() else {
+                continue;
+            };
             let host_gone = qp.wire.host_closed.load(Ordering::Acquire);
             if !qp.closing && (host_gone || qp.state.should_disconnect()) {
                 qp.closing = true;
@@ -303,8 +318,12 @@ impl TransportPollGroup for LoopbackPollGroup {
     fn resume(&mut self, tag: ReqTag, wakeup: Wakeup, core: &mut CoreCtx) {
         let qi = (tag.slot() >> 24) as usize;
         let si = (tag.slot() & 0xFF_FFFF) as usize;
-        let Some(Some(qp)) = self.qpairs.get_mut(qi) else { return };
-        let Some(slot) = qp.slots.get_mut(si) else { return };
+        let Some(Some(qp)) = self.qpairs.get_mut(qi) else {
+            return;
+        };
+        let Some(slot) = qp.slots.get_mut(si) else {
+            return;
+        };
         if !slot.busy {
             return;
         }

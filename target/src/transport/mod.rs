@@ -13,8 +13,8 @@ use crate::core::request::{ReqTag, Wakeup};
 use crate::core::CoreCtx;
 
 pub mod loopback;
-pub mod rdma;
 pub mod options;
+pub mod rdma;
 
 /// What a transport can do, as the controller reports it to hosts. Values follow SPDK's
 /// `nvmf_create_transport` parameters and defaults.
@@ -109,7 +109,10 @@ impl TransportPollGroup for IdleTransportGroup {
     }
 
     fn resume(&mut self, tag: ReqTag, _wakeup: Wakeup, _core: &mut CoreCtx) {
-        tracing::error!(?tag, "wakeup for a request of a transport that never started");
+        tracing::error!(
+            ?tag,
+            "wakeup for a request of a transport that never started"
+        );
     }
 
     fn qpair_count(&self) -> usize {

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use nvmf_common::buffer::BufferPool;
 use nvmf_common::rdma::{
-    register_pool, AccessFlags, CompletionQueue, Context, DeviceCapFlags, DmaBuf,
-    ProtectionDomain, RecvWr, SharedReceiveQueue, Sge, MAX_CHAIN,
+    register_pool, AccessFlags, CompletionQueue, Context, DeviceCapFlags, DmaBuf, ProtectionDomain,
+    RecvWr, Sge, SharedReceiveQueue, MAX_CHAIN,
 };
 use nvmf_common::spec::Command;
 use zerocopy::FromBytes;
@@ -50,15 +50,20 @@ impl DeviceResources {
         let attr = ctx.query_device().map_err(|e| e.to_string())?;
         let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
         let srq_depth = opts.max_srq_depth.min(attr.max_srq_wr).max(16);
-        let cq = CompletionQueue::new(&ctx, CQ_ENTRIES.min(attr.max_cqe)).map_err(|e| e.to_string())?;
+        let cq =
+            CompletionQueue::new(&ctx, CQ_ENTRIES.min(attr.max_cqe)).map_err(|e| e.to_string())?;
         let srq = SharedReceiveQueue::new(&pd, srq_depth, 2).map_err(|e| e.to_string())?;
         let in_capsule = opts.in_capsule_data_size;
         let recv_cmds = DmaBuf::new(&pd, srq_depth as usize * SQE_LEN, AccessFlags::LOCAL_WRITE)
             .map_err(|e| e.to_string())?;
         let recv_data = if in_capsule > 0 {
             Some(
-                DmaBuf::new(&pd, srq_depth as usize * in_capsule as usize, AccessFlags::LOCAL_WRITE)
-                    .map_err(|e| e.to_string())?,
+                DmaBuf::new(
+                    &pd,
+                    srq_depth as usize * in_capsule as usize,
+                    AccessFlags::LOCAL_WRITE,
+                )
+                .map_err(|e| e.to_string())?,
             )
         } else {
             None
@@ -69,13 +74,18 @@ impl DeviceResources {
         let count = wanted.clamp(MIN_DATA_BUFFERS, MAX_DATA_BUFFERS);
         let pool = BufferPool::new(buf_size, count).map_err(|e| e.to_string())?;
         register_pool(&pd, &pool, AccessFlags::LOCAL_WRITE).map_err(|e| {
-            format!("{e} (registering {} MiB of data buffers; raise `ulimit -l`)", buf_size * count as usize >> 20)
+            format!(
+                "{e} (registering {} MiB of data buffers; raise `ulimit -l`)",
+                (buf_size * count as usize) >> 20
+            )
         })?;
         // Soft-RoCE (rxe) advertises remote invalidation but SPDK found it unreliable there;
         // hosts cope either way, as the key is theirs to invalidate.
         let is_rxe = ctx.device().name.starts_with("rxe");
-        let send_with_invalidate =
-            attr.device_cap_flags.contains(DeviceCapFlags::MEM_MGT_EXTENSIONS) && !is_rxe;
+        let send_with_invalidate = attr
+            .device_cap_flags
+            .contains(DeviceCapFlags::MEM_MGT_EXTENSIONS)
+            && !is_rxe;
         let mut dev = Self {
             ctx,
             pd,
@@ -135,7 +145,10 @@ impl DeviceResources {
                 sges[i][0] = cmd;
                 sges[i][1] = match &self.recv_data {
                     Some(d) => d
-                        .sge(slot as usize * self.in_capsule as usize, self.in_capsule as usize)
+                        .sge(
+                            slot as usize * self.in_capsule as usize,
+                            self.in_capsule as usize,
+                        )
                         .expect("slot inside the data region"),
                     None => cmd,
                 };

@@ -64,7 +64,8 @@ pub struct RdmaTransport {
 impl RdmaTransport {
     pub fn new(opts: TransportOptions) -> Result<Self, String> {
         opts.validate()?;
-        let channel = EventChannel::new().map_err(|e| format!("cannot open an RDMA CM event channel: {e}"))?;
+        let channel = EventChannel::new()
+            .map_err(|e| format!("cannot open an RDMA CM event channel: {e}"))?;
         let shared = Arc::new(Shared {
             limits: opts.limits(),
             opts,
@@ -90,7 +91,12 @@ impl RdmaTransport {
 impl Drop for RdmaTransport {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(t) = self.acceptor.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(t) = self
+            .acceptor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             let _ = t.join();
         }
     }
@@ -118,14 +124,20 @@ impl Transport for RdmaTransport {
     }
 
     fn listen(&self, addr: &ListenAddress) -> Result<(), String> {
-        let mut listeners = self.shared.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        let mut listeners = self
+            .shared
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if listeners.contains_key(addr) {
             return Ok(());
         }
         let sockaddr = socket_addr(addr)?;
         let id = self.shared.channel.create_id().map_err(|e| e.to_string())?;
-        id.bind_addr(sockaddr).map_err(|e| format!("rdma_bind_addr({sockaddr}): {e}"))?;
-        id.listen(self.shared.opts.acceptor_backlog).map_err(|e| format!("rdma_listen({sockaddr}): {e}"))?;
+        id.bind_addr(sockaddr)
+            .map_err(|e| format!("rdma_bind_addr({sockaddr}): {e}"))?;
+        id.listen(self.shared.opts.acceptor_backlog)
+            .map_err(|e| format!("rdma_listen({sockaddr}): {e}"))?;
         tracing::info!(%sockaddr, "RDMA listener started");
         listeners.insert(addr.clone(), id);
         Ok(())
@@ -147,7 +159,11 @@ impl Transport for RdmaTransport {
         self.shared.opts.to_value()
     }
 
-    fn create_poll_group(&self, index: u8, group: &PollGroupHandle) -> Result<Box<dyn TransportPollGroup>, String> {
+    fn create_poll_group(
+        &self,
+        index: u8,
+        group: &PollGroupHandle,
+    ) -> Result<Box<dyn TransportPollGroup>, String> {
         let load = Arc::new(AtomicUsize::new(0));
         self.shared
             .groups
@@ -186,8 +202,15 @@ fn acceptor(shared: &Shared) {
                 on_connect_request(shared, event, &mut owners, &mut next_admin_group);
             }
             kind => {
-                let Some((handle, tidx)) = owners.get(&event.id).cloned() else { continue };
-                if matches!(kind, CmEventKind::TimewaitExit | CmEventKind::Disconnected | CmEventKind::DeviceRemoval) {
+                let Some((handle, tidx)) = owners.get(&event.id).cloned() else {
+                    continue;
+                };
+                if matches!(
+                    kind,
+                    CmEventKind::TimewaitExit
+                        | CmEventKind::Disconnected
+                        | CmEventKind::DeviceRemoval
+                ) {
                     owners.remove(&event.id);
                 }
                 let token = event.id;
@@ -216,8 +239,12 @@ fn on_connect_request(
     owners: &mut HashMap<CmIdToken, (PollGroupHandle, u8)>,
     next_admin_group: &mut usize,
 ) {
-    let Some(id) = event.new_id.take() else { return };
-    let peer = id.peer_addr().map_or_else(|| "unknown".to_string(), |a| a.to_string());
+    let Some(id) = event.new_id.take() else {
+        return;
+    };
+    let peer = id
+        .peer_addr()
+        .map_or_else(|| "unknown".to_string(), |a| a.to_string());
     let Ok((req, _)) = RdmaCmRequest::read_from_prefix(&event.private_data) else {
         tracing::warn!(%peer, len = event.private_data.len(), "connect without NVMe-oF private data");
         return reject(&id, RdmaCmRejectStatus::INVALID_PRIVATE_DATA_LENGTH);
@@ -227,7 +254,11 @@ fn on_connect_request(
     }
     let qid = req.qid.get();
     let depth = u32::from(req.hsqsize.get()) + 1;
-    let limit = if qid == 0 { shared.limits.max_aq_depth } else { shared.limits.max_queue_depth };
+    let limit = if qid == 0 {
+        shared.limits.max_aq_depth
+    } else {
+        shared.limits.max_queue_depth
+    };
     if depth < 2 || depth > u32::from(limit) {
         tracing::warn!(%peer, qid, depth, limit, "connect with an unsupported queue size");
         return reject(&id, RdmaCmRejectStatus::INVALID_HSQSIZE);
@@ -261,7 +292,9 @@ fn on_connect_request(
     };
     handle.send(move |pg| {
         pg.with_transport(usize::from(tidx), move |t, _core| {
-            let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup>() else { return };
+            let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup>() else {
+                return;
+            };
             let (peer, qid) = (conn.peer.clone(), conn.qid);
             if let Err(e) = rdma.add_connection(conn) {
                 tracing::warn!(%peer, qid, "cannot accept RDMA connection: {e}");

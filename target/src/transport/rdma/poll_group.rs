@@ -17,7 +17,9 @@ use nvmf_common::spec::Status;
 use zerocopy::IntoBytes;
 
 use super::device::DeviceResources;
-use super::request::{parse_tag_slot, parse_wr_id, tag_slot, wr_id, HostData, RdmaRequest, State, WrKind};
+use super::request::{
+    parse_tag_slot, parse_wr_id, tag_slot, wr_id, HostData, RdmaRequest, State, WrKind,
+};
 use super::NewConnection;
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
@@ -71,7 +73,12 @@ pub struct RdmaPollGroup {
 }
 
 impl RdmaPollGroup {
-    pub fn new(index: u8, opts: TransportOptions, limits: TransportLimits, load: Arc<AtomicUsize>) -> Self {
+    pub fn new(
+        index: u8,
+        opts: TransportOptions,
+        limits: TransportLimits,
+        load: Arc<AtomicUsize>,
+    ) -> Self {
         Self {
             index,
             opts,
@@ -104,7 +111,10 @@ impl RdmaPollGroup {
             super::reject(&conn.id, RdmaCmRejectStatus::NO_RESOURCES);
             e
         };
-        let ctx = conn.id.context().map_err(|e| refuse(e.to_string(), &conn))?;
+        let ctx = conn
+            .id
+            .context()
+            .map_err(|e| refuse(e.to_string(), &conn))?;
         let dev_index = self.device_for(ctx).map_err(|e| refuse(e, &conn))?;
         let dev = &self.devices[dev_index];
         let depth = u32::from(conn.depth);
@@ -175,10 +185,16 @@ impl RdmaPollGroup {
 
     /// A CM event for one of this group's connections, forwarded by the acceptor.
     pub fn on_cm_event(&mut self, token: CmIdToken, kind: CmEventKind, core: &mut CoreCtx) {
-        let Some(&qi) = self.by_token.get(&token) else { return };
+        let Some(&qi) = self.by_token.get(&token) else {
+            return;
+        };
         match kind {
-            CmEventKind::Disconnected | CmEventKind::DeviceRemoval | CmEventKind::TimewaitExit
-            | CmEventKind::ConnectError | CmEventKind::Unreachable | CmEventKind::Rejected => {
+            CmEventKind::Disconnected
+            | CmEventKind::DeviceRemoval
+            | CmEventKind::TimewaitExit
+            | CmEventKind::ConnectError
+            | CmEventKind::Unreachable
+            | CmEventKind::Rejected => {
                 self.start_close(qi, core);
             }
             _ => {}
@@ -211,7 +227,9 @@ impl RdmaPollGroup {
         if kind == WrKind::Recv {
             return self.on_recv(d, slot, wc, core);
         }
-        let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else { return };
+        let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
+            return;
+        };
         if qp.gen != gen {
             return;
         }
@@ -256,7 +274,11 @@ impl RdmaPollGroup {
     fn on_recv(&mut self, d: usize, recv: u32, wc: &WorkCompletion, core: &mut CoreCtx) {
         let qi = self.by_qp_num.get(&wc.qp_num()).copied();
         let usable = wc.status().is_success()
-            && qi.is_some_and(|qi| self.qpairs[qi].as_ref().is_some_and(|q| q.closing.is_none()));
+            && qi.is_some_and(|qi| {
+                self.qpairs[qi]
+                    .as_ref()
+                    .is_some_and(|q| q.closing.is_none())
+            });
         let Some(qi) = qi.filter(|_| usable) else {
             self.devices[d].repost(recv);
             return;
@@ -276,8 +298,20 @@ impl RdmaPollGroup {
         r.req.reset(cmd);
         r.received_data = (len - 64) as u32;
         r.host = match cmd.dptr.classify() {
-            SglKind::Keyed { addr, key, invalidate, .. } => HostData::Keyed { addr, key, invalidate },
-            SglKind::InCapsule { offset, len } => HostData::InCapsule { offset: offset as u32, len },
+            SglKind::Keyed {
+                addr,
+                key,
+                invalidate,
+                ..
+            } => HostData::Keyed {
+                addr,
+                key,
+                invalidate,
+            },
+            SglKind::InCapsule { offset, len } => HostData::InCapsule {
+                offset: offset as u32,
+                len,
+            },
             _ => HostData::None,
         };
         if matches!(r.host, HostData::InCapsule { .. }) {
@@ -293,7 +327,7 @@ impl RdmaPollGroup {
             }
         }
         match prepared {
-            Prepared::Complete => self.to_send(qi, si as u32),
+            Prepared::Complete => self.queue_response(qi, si as u32),
             Prepared::NoData => self.execute(qi, si as u32, core),
             Prepared::Data { .. } => {
                 r.state = State::NeedBuffer;
@@ -323,11 +357,18 @@ impl RdmaPollGroup {
             let dir = r.req.dir;
             match (dir, r.host) {
                 (DataDirection::HostToController, HostData::InCapsule { offset, len }) => {
-                    let recv = r.recv.take().expect("in-capsule requests hold their receive");
-                    if offset.checked_add(len).is_none_or(|end| end > r.received_data) || len != r.req.len {
+                    let recv = r
+                        .recv
+                        .take()
+                        .expect("in-capsule requests hold their receive");
+                    if offset
+                        .checked_add(len)
+                        .is_none_or(|end| end > r.received_data)
+                        || len != r.req.len
+                    {
                         dev.repost(recv);
                         r.req.complete(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
-                        self.to_send(qi, si);
+                        self.queue_response(qi, si);
                         continue;
                     }
                     dev.copy_in_capsule(recv, offset, &mut buf);
@@ -370,7 +411,9 @@ impl RdmaPollGroup {
             }
             self.need_read.remove(i);
             let r = &mut qp.requests[si as usize];
-            let HostData::Keyed { addr, key, .. } = r.host else { unreachable!("queued as keyed") };
+            let HostData::Keyed { addr, key, .. } = r.host else {
+                unreachable!("queued as keyed")
+            };
             let sge = [r.data_sge().expect("buffer attached")];
             let wr = SendWr::rdma_read(wr_id(WrKind::Read, qp.gen, qi, si), &sge, addr, key);
             match qp.qp.post_send(&[wr]) {
@@ -384,7 +427,7 @@ impl RdmaPollGroup {
                 Err(e) => {
                     tracing::warn!(peer = %qp.state.peer, "posting RDMA READ failed: {e}");
                     r.req.complete(Status::DATA_TRANSFER_ERROR);
-                    self.to_send(qi, si);
+                    self.queue_response(qi, si);
                 }
             }
         }
@@ -396,11 +439,11 @@ impl RdmaPollGroup {
         let r = &mut qp.requests[si as usize];
         r.state = State::Executing;
         if core.execute(&mut qp.state, &mut r.req) == Exec::Complete {
-            self.to_send(qi, si);
+            self.queue_response(qi, si);
         }
     }
 
-    fn to_send(&mut self, qi: usize, si: u32) {
+    fn queue_response(&mut self, qi: usize, si: u32) {
         let qp = self.qpairs[qi].as_mut().expect("live qpair");
         qp.requests[si as usize].state = State::NeedSend;
         if !self.need_send.is_empty() || !try_send(qi, qp, si) {
@@ -431,7 +474,9 @@ impl RdmaPollGroup {
     /// Starts tearing a qpair down: tells the peer, detaches it from its controller, frees
     /// what waits for nothing, and marks the send queue so its end is seen.
     fn start_close(&mut self, qi: usize, core: &mut CoreCtx) {
-        let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else { return };
+        let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
+            return;
+        };
         if qp.closing.is_some() {
             return;
         }
@@ -440,7 +485,10 @@ impl RdmaPollGroup {
         core.queue_closed(&mut qp.state);
         let dev = &mut self.devices[qp.dev];
         for r in &mut qp.requests {
-            if matches!(r.state, State::NeedBuffer | State::NeedRead | State::NeedSend) {
+            if matches!(
+                r.state,
+                State::NeedBuffer | State::NeedRead | State::NeedSend
+            ) {
                 if let Some(recv) = r.recv.take() {
                     dev.repost(recv);
                 }
@@ -460,7 +508,9 @@ impl RdmaPollGroup {
     /// whose requests the core has finished with.
     fn reap(&mut self, core: &mut CoreCtx) {
         for qi in 0..self.qpairs.len() {
-            let Some(qp) = self.qpairs[qi].as_mut() else { continue };
+            let Some(qp) = self.qpairs[qi].as_mut() else {
+                continue;
+            };
             if qp.closing.is_none() && qp.state.should_disconnect() {
                 self.start_close(qi, core);
                 continue;
@@ -490,7 +540,10 @@ impl RdmaPollGroup {
 
 /// Work requests a request's response takes: RDMA WRITE + SEND with data for the host.
 fn wrs_of(r: &RdmaRequest) -> u32 {
-    if r.req.dir == DataDirection::ControllerToHost && r.req.status().is_success() && r.req.data.is_some() {
+    if r.req.dir == DataDirection::ControllerToHost
+        && r.req.status().is_success()
+        && r.req.data.is_some()
+    {
         2
     } else {
         1
@@ -512,19 +565,25 @@ fn try_send(qi: usize, qp: &mut Qpair, si: u32) -> bool {
     }
     let cqe_offset = si as usize * CQE_LEN;
     qp.responses.write_at(cqe_offset, r.req.rsp.as_bytes());
-    let rsp_sge = [qp.responses.sge(cqe_offset, CQE_LEN).expect("slot inside the region")];
+    let rsp_sge = [qp
+        .responses
+        .sge(cqe_offset, CQE_LEN)
+        .expect("slot inside the region")];
     let send_id = wr_id(WrKind::Send, qp.gen, qi, si);
     let send = match r.host {
-        HostData::Keyed { key, invalidate: true, .. } if qp.send_with_invalidate => {
-            SendWr::send_with_invalidate(send_id, &rsp_sge, key)
-        }
+        HostData::Keyed {
+            key,
+            invalidate: true,
+            ..
+        } if qp.send_with_invalidate => SendWr::send_with_invalidate(send_id, &rsp_sge, key),
         _ => SendWr::send(send_id, &rsp_sge),
     };
     let data_sge: [Sge; 1] = [r.data_sge().unwrap_or_default()];
     let result = match (wrs, r.host) {
         (2, HostData::Keyed { addr, key, .. }) => {
-            let write = SendWr::rdma_write(wr_id(WrKind::Write, qp.gen, qi, si), &data_sge, addr, key)
-                .signaled(false);
+            let write =
+                SendWr::rdma_write(wr_id(WrKind::Write, qp.gen, qi, si), &data_sge, addr, key)
+                    .signaled(false);
             qp.qp.post_send(&[write, send])
         }
         _ => qp.qp.post_send(&[send]),
@@ -564,11 +623,15 @@ impl TransportPollGroup for RdmaPollGroup {
 
     fn resume(&mut self, tag: ReqTag, wakeup: Wakeup, core: &mut CoreCtx) {
         let (gen, qi, si) = parse_tag_slot(tag.slot());
-        let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else { return };
+        let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
+            return;
+        };
         if qp.gen != gen {
             return;
         }
-        let Some(r) = qp.requests.get_mut(si as usize) else { return };
+        let Some(r) = qp.requests.get_mut(si as usize) else {
+            return;
+        };
         if r.state != State::Executing {
             return;
         }
@@ -576,7 +639,7 @@ impl TransportPollGroup for RdmaPollGroup {
             if qp.closing.is_some() {
                 release(r);
             } else {
-                self.to_send(qi, si);
+                self.queue_response(qi, si);
             }
         }
     }

@@ -42,9 +42,16 @@ pub enum State {
 pub enum HostData {
     None,
     /// Host memory behind a keyed SGL.
-    Keyed { addr: u64, key: u32, invalidate: bool },
+    Keyed {
+        addr: u64,
+        key: u32,
+        invalidate: bool,
+    },
     /// In the receive buffer that carried the capsule, `offset` bytes after the SQE.
-    InCapsule { offset: u32, len: u32 },
+    InCapsule {
+        offset: u32,
+        len: u32,
+    },
 }
 
 pub struct RdmaRequest {
@@ -89,7 +96,10 @@ pub enum WrKind {
 /// `kind` (2 bits) | qpair generation (8) | qpair index (22) | slot (32). Receives carry only
 /// the receive buffer index.
 pub fn wr_id(kind: WrKind, gen: u8, qpair: usize, slot: u32) -> u64 {
-    ((kind as u64) << 62) | (u64::from(gen) << 54) | (((qpair as u64) & 0x3F_FFFF) << 32) | u64::from(slot)
+    ((kind as u64) << 62)
+        | (u64::from(gen) << 54)
+        | (((qpair as u64) & 0x3F_FFFF) << 32)
+        | u64::from(slot)
 }
 
 pub fn parse_wr_id(id: u64) -> (WrKind, u8, usize, u32) {
@@ -99,7 +109,12 @@ pub fn parse_wr_id(id: u64) -> (WrKind, u8, usize, u32) {
         2 => WrKind::Read,
         _ => WrKind::Write,
     };
-    (kind, (id >> 54) as u8, ((id >> 32) & 0x3F_FFFF) as usize, id as u32)
+    (
+        kind,
+        (id >> 54) as u8,
+        ((id >> 32) & 0x3F_FFFF) as usize,
+        id as u32,
+    )
 }
 
 /// The slot id a request's core tag carries: qpair generation, index and slot, so a wakeup

@@ -1,2 +1,0 @@
-//! Benchmarks live in benches/.
-#![forbid(unsafe_code)]
