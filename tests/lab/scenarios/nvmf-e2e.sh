@@ -30,7 +30,7 @@ mapfile -t devs < <(lab_nvme_dev "$nqn" | sort)
 ((${#devs[@]} == 2)) || lab_fail "expected 2 namespaces, got: ${devs[*]}"
 ns512=${devs[0]}
 ns4k=${devs[1]}
-ctrl=/dev/$(basename "$(ls -d /sys/class/nvme-subsystem/*/nvme[0-9]* | grep -v 'n[0-9]*$' | head -n1)")
+ctrl=/dev/$(basename "$(ls -d /sys/class/nvme-subsystem/*/nvme[0-9]* | grep -v 'n[0-9]*$' | sed -n 1p)")
 lab_log "controller $ctrl, namespaces $ns512 $ns4k"
 queues=$(ls /sys/class/nvme/"$(basename "$ctrl")"/ 2>/dev/null | wc -l)
 lab_t 30 nvme list | tee "$LAB_OUT/nvme-list.txt" >&2
@@ -109,7 +109,7 @@ sleep 2
 start=$SECONDS
 nvmf_tgt_stop TERM
 lab_log "nvmf-tgt stopped $((SECONDS - start)) s after SIGTERM with a host connected"
-ctrl_name=$(basename "$(ls -d /sys/class/nvme-subsystem/*/nvme[0-9]* 2>/dev/null | grep -v 'n[0-9]*$' | head -n1)")
+ctrl_name=$(basename "$(ls -d /sys/class/nvme-subsystem/*/nvme[0-9]* 2>/dev/null | grep -v 'n[0-9]*$' | sed -n 1p)")
 if [[ -n $ctrl_name ]]; then
     lab_wait_until 30 "host to see the controller go away" \
         sh -c "! grep -qx live /sys/class/nvme/$ctrl_name/state" || lab_fail "host still sees a live controller"

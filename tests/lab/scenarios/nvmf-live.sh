@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# nvmf-live: configuration changes over JSON-RPC while a Linux host stays connected.
+#   - a namespace added live appears on the host without reconnecting (AEN, Changed NS List)
+#   - a namespace removed under running I/O completes that I/O and disappears
+#   - host allow-list changes apply to new connections
+#   - removing the listener disconnects the host's controller; deleting the subsystem too
+#   - save_config replayed with -c at start gives the same configuration
+source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
+lab_init nvmf-live
+
+nqn=nqn.2016-06.io.spdk:live
+port=4420
+lab_rxe_up
+nvmf_tgt_start -m 0x3
+nvmf_malloc_subsystem "$nqn" "$LAB_ADDR0" "$port" Malloc0:32:4096
+nvmf_rpc bdev_malloc_create -b Malloc1 32 512 >/dev/null
+
+nscount() { lab_nvme_dev "$nqn" 2>/dev/null | wc -l; }
+dev1=$(lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port")
+[[ $(nscount) == 1 ]] || lab_fail "expected one namespace at first"
+
+# Add a namespace: the host learns through an Asynchronous Event and rescans.
+nvmf_rpc nvmf_subsystem_add_ns "$nqn" Malloc1 -n 2 >/dev/null
+lab_wait_until 30 "namespace 2 to appear on the host" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -ge 2 ]" ||
+    lab_fail "namespace added live did not appear on the host"
+dev2=$(lab_nvme_dev "$nqn" | sort | tail -n1)
+lab_log "namespace 2 appeared live as $dev2"
+lab_fio ns2-verify --filename="$dev2" --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
+    --iodepth=4 --size=4M --verify=crc32c --do_verify=1 --verify_fatal=1 >/dev/null ||
+    lab_fail "I/O on the live-added namespace"
+
+# Remove it under running I/O: the I/O ends (with errors once it is gone), the device goes.
+lab_bg fio-ns2 60 fio --name=busy --filename="$dev2" --ioengine=libaio --direct=1 --rw=randread \
+    --bs=4k --iodepth=8 --runtime=30 --time_based
+sleep 2
+nvmf_rpc nvmf_subsystem_remove_ns "$nqn" 2 >/dev/null
+lab_wait_until 30 "namespace 2 to disappear" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -le 1 ]" ||
+    lab_fail "removed namespace still on the host"
+lab_wait_until 40 "fio on the removed namespace to end" sh -c "! kill -0 $LAB_BG_PID"
+lab_log "namespace 2 removed live; its fio ended"
+# Namespace 1 kept working throughout.
+lab_fio ns1-verify --filename="$dev1" --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
+    --iodepth=4 --size=4M --verify=crc32c --do_verify=1 --verify_fatal=1 >/dev/null ||
+    lab_fail "namespace 1 after the live removal"
+
+# Allow list: closing the subsystem to unknown hosts refuses new connections; adding ours
+# lets it in again.
+lab_nvme_disconnect "$nqn"
+hostnqn=$(cat /etc/nvme/hostnqn)
+nvmf_rpc nvmf_subsystem_allow_any_host -d "$nqn" >/dev/null
+if lab_t 60 nvme connect -t rdma -n "$nqn" -a "$LAB_ADDR0" -s "$port" >/dev/null 2>&1; then
+    lab_fail "a host not on the allow list connected"
+fi
+nvmf_rpc nvmf_subsystem_add_host "$nqn" "$hostnqn" >/dev/null
+lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port" >/dev/null
+lab_log "allow list honoured for new connections"
+
+# save_config, then restart from it: the same configuration comes back.
+nvmf_rpc save_config >"$LAB_STATE/saved.json"
+nvmf_rpc framework_get_config nvmf >"$LAB_STATE/before.json"
+
+# Removing the listener disconnects the host's controller.
+nvmf_rpc nvmf_subsystem_remove_listener "$nqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s "$port" >/dev/null
+lab_wait_until 30 "the host's controller to leave live" sh -c "! grep -qsx live /sys/class/nvme/nvme*/state" ||
+    lab_fail "host controller still live after its listener went away"
+lab_t 60 nvme disconnect-all >/dev/null 2>&1 || true
+nvmf_rpc nvmf_subsystem_add_listener "$nqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s "$port" >/dev/null
+lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port" >/dev/null
+nvmf_rpc nvmf_delete_subsystem "$nqn" >/dev/null
+lab_wait_until 30 "controller gone after subsystem delete" sh -c "! grep -qsx live /sys/class/nvme/nvme*/state" ||
+    lab_fail "host controller still live after the subsystem was deleted"
+lab_t 60 nvme disconnect-all >/dev/null 2>&1 || true
+nvmf_tgt_stop
+
+nvmf_tgt_start -m 0x3 -c "$LAB_STATE/saved.json"
+nvmf_rpc framework_get_config nvmf >"$LAB_STATE/after.json"
+diff -u "$LAB_STATE/before.json" "$LAB_STATE/after.json" >&2 || lab_fail "restart from save_config differs"
+lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port" >/dev/null
+lab_nvme_disconnect "$nqn"
+nvmf_tgt_stop
+lab_pass "namespace added and removed live; allow list; listener removal and subsystem delete disconnect; save_config round trip"
