@@ -57,13 +57,16 @@ lab_t 60 dd if="$ns1" of="$LAB_STATE/back" bs=128k skip=8 count=32 iflag=direct 
 cmp "$LAB_STATE/pattern" "$LAB_STATE/back" || lab_fail "data differs after restart"
 lab_log "restart from save_config read the data back"
 
-# Error injection: the next read of ns2 fails on the host; ns1 is unaffected.
+# Error injection: reads of ns2 fail on the host; ns1 is unaffected. A media error carries no
+# DNR, so the host retries (nvme_max_retries, 5 by default): inject more failures than that.
 lab_t 30 dd if=/dev/zero of="$ns2" bs=4k count=16 oflag=direct status=none
-nvmf_rpc bdev_error_inject_error EE_Malloc0 read failure -n 1 >/dev/null
+nvmf_rpc bdev_error_inject_error EE_Malloc0 read failure -n 64 >/dev/null
 if lab_t 60 dd if="$ns2" of=/dev/null bs=4k count=1 iflag=direct status=none 2>"$LAB_STATE/dd-err"; then
     lab_fail "an injected read failure did not reach the host"
 fi
 lab_log "host saw: $(head -n1 "$LAB_STATE/dd-err")"
+lab_t 30 dd if="$ns1" of=/dev/null bs=128k count=8 iflag=direct status=none || lab_fail "ns1 failed alongside ns2"
+nvmf_rpc bdev_error_inject_error EE_Malloc0 clear failure >/dev/null
 lab_t 30 dd if="$ns2" of=/dev/null bs=4k count=1 iflag=direct status=none || lab_fail "ns2 read after the injected failure"
 lab_t 30 dd if="$ns1" of=/dev/null bs=128k count=8 iflag=direct status=none || lab_fail "ns1 failed alongside ns2"
 
