@@ -101,7 +101,8 @@ lab_init() {
 
 lab__on_err() {
     # Only report in the scenario's main shell, not in every $(...) level.
-    if [[ $BASHPID == "$$" ]]; then
+    # (and only while errexit is on: after `set +e` a failure is expected).
+    if [[ $BASHPID == "$$" && $- == *e* ]]; then
         lab_log "command failed (exit $1) at line $2: $3"
     fi
 }
