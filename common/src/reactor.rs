@@ -4,7 +4,7 @@
 //! The model, as in SPDK: a reactor never blocks and never shares mutable state. Work arrives by
 //! polling (completion queues, bdev channels) or as messages on lock-free queues owned by the
 //! polled state itself. A turn that found no work counts as idle. While work flows the reactor
-//! spins; once idle for 100 µs it yields its core between turns, and after 2 ms it naps 100 µs
+//! spins; once idle for 100 µs it yields its core between turns, and after 50 ms it naps 100 µs
 //! per turn. The syscalls happen only when there is nothing to do, and they matter: on
 //! soft-RoCE the NIC is made of the same CPUs, and a reactor spinning at 100% starves it.
 
@@ -89,7 +89,7 @@ const IDLE_TURNS_BEFORE_CLOCK: u32 = 64;
 /// Idle this long, the reactor yields its core between turns.
 const YIELD_AFTER: Duration = Duration::from_micros(100);
 /// Idle this long, it naps between turns: an idle target costs (almost) no CPU.
-const NAP_AFTER: Duration = Duration::from_millis(2);
+const NAP_AFTER: Duration = Duration::from_millis(50);
 const NAP: Duration = Duration::from_micros(100);
 
 /// A running reactor thread.
