@@ -1,0 +1,1038 @@
+//! A controller association: the admin queue with its bring-up (in the Linux host's order),
+//! keep-alive, asynchronous events, reconnect, and the I/O queue pairs it hands out.
+//!
+//! # Threads
+//!
+//! The [`Controller`] lives on one thread, which calls [`Controller::poll_admin`] every few
+//! milliseconds (keep-alive, AER completions, reconnect). Each [`IoQpair`] moves to its own
+//! polling thread. They share a small block of atomics (state, generation, CNTLID): an I/O
+//! qpair that sees the generation change tears its connection down and, once the admin side
+//! is live again, reconnects on its own thread. A broken I/O qpair asks the admin side for a
+//! controller reset through the same block. No lock is taken on the I/O path.
+//!
+//! # Reconnect
+//!
+//! As the Linux host's `--reconnect-delay` / `--ctrl-loss-tmo`: after a failure (a queue
+//! error, a disconnect, a command or keep-alive timeout) every queue is torn down; the admin
+//! queue is re-established every `delay` until `ctrl_loss_tmo` has passed since the loss, then
+//! the controller fails for good. Outstanding I/O is kept and resubmitted after the reconnect
+//! (a command that timed out is retried too, at most [`MAX_RETRIES`] times, then fails with
+//! [`IoStatus::Timeout`]). Without [`Reconnect`] the first failure is final and outstanding
+//! I/O fails at once.
+//!
+//! [`MAX_RETRIES`]: crate::qpair::MAX_RETRIES
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nvmf_common::buffer::BufferPool;
+use nvmf_common::rdma::{register_pool, AccessFlags, DmaBuf, ProtectionDomain};
+use nvmf_common::spec::fabrics::{connect_offsets, parse_connect_invalid_param_dw0, CNTLID_DYNAMIC};
+use nvmf_common::spec::features::{
+    parse_async_event_dw0, NumberOfQueues, AEC_NAMESPACE_ATTRIBUTE,
+};
+use nvmf_common::spec::identify::{SGLS_OFFSET};
+use nvmf_common::spec::sgl::KEYED_MAX_LENGTH;
+use nvmf_common::spec::{
+    AsyncEventType, AsyncNotice, Cap, Cc, Cns, Command, Completion, ConnectCommand, ConnectData,
+    Csts, FeatureId, IdentifyController, IdentifyNamespace, LogPageId, Property,
+    PropertyGetCommand, PropertySetCommand, Status, Version,
+};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::address::TransportId;
+use crate::error::{Error, QueueFault, Result};
+use crate::host::HostIdentity;
+use crate::qpair::{IoQpair, IoStatus};
+use crate::transport::{Data, RdmaQueue, POLL_BATCH};
+
+/// Admin queue entries, as Linux (`NVME_AQ_DEPTH`).
+pub const ADMIN_QUEUE_DEPTH: u16 = 32;
+/// Bytes of the admin queue's registered data buffer; longer transfers are split.
+const ADMIN_DATA_LEN: usize = 64 * 1024;
+
+/// Reconnect policy (nvme-cli's `--reconnect-delay` and `--ctrl-loss-tmo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reconnect {
+    /// Time between attempts (the first one comes `delay` after the loss).
+    pub delay: Duration,
+    /// Give up this long after the loss; `None` retries forever (`--ctrl-loss-tmo -1`).
+    pub ctrl_loss_tmo: Option<Duration>,
+}
+
+impl Default for Reconnect {
+    /// Linux's defaults: every 10 s, for 600 s.
+    fn default() -> Self {
+        Self {
+            delay: Duration::from_secs(10),
+            ctrl_loss_tmo: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// Host NQN; else the transport ID's, else `/etc/nvme/hostnqn`, else generated.
+    pub hostnqn: Option<String>,
+    pub hostid: Option<[u8; 16]>,
+    /// Keep Alive Timeout sent in the admin Connect; a Keep Alive goes out every half of it.
+    /// Zero disables keep-alive. Discovery controllers always use zero (as Linux).
+    pub kato: Duration,
+    /// I/O queue pairs created by [`Controller::connect`] (take them with
+    /// [`Controller::take_io_qpairs`]); at least this many are requested from the controller.
+    pub io_queues: u16,
+    /// I/O queues to ask the controller for (Set Features Number of Queues), for qpairs
+    /// created later with [`Controller::create_io_qpair`]; at least `io_queues` and 1.
+    pub io_queues_requested: u16,
+    /// Entries of each I/O queue (capped by the controller's CAP.MQES).
+    pub io_queue_depth: u16,
+    /// Limit for each RDMA CM step and for the Fabrics Connect.
+    pub connect_timeout: Duration,
+    /// Admin commands older than this fail and reset the controller.
+    pub admin_timeout: Duration,
+    /// I/O commands older than this reset the controller and fail with
+    /// [`IoStatus::Timeout`] (with [`Reconnect`]: are retried after the reconnect).
+    pub io_timeout: Duration,
+    /// Send writes that fit in the controller's in-capsule data size inside the command.
+    pub in_capsule_data: bool,
+    pub reconnect: Option<Reconnect>,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        Self {
+            hostnqn: None,
+            hostid: None,
+            kato: Duration::from_secs(5),
+            io_queues: 0,
+            io_queues_requested: 0,
+            io_queue_depth: 128,
+            connect_timeout: Duration::from_secs(5),
+            admin_timeout: Duration::from_secs(60),
+            io_timeout: Duration::from_secs(30),
+            in_capsule_data: true,
+            reconnect: None,
+        }
+    }
+}
+
+/// What the application hears from [`Controller::poll_admin`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControllerEvent {
+    /// A Namespace Attribute Changed notice, with the Changed Namespace List (an entry of
+    /// 0xFFFFFFFF means more than 1024 changed).
+    NamespaceChanged { nsids: Vec<u32> },
+    /// Any other asynchronous event (its log page was read to re-arm it).
+    AsyncEvent { ty: AsyncEventType, info: u8, lid: LogPageId },
+    /// The association broke; reconnect attempts follow.
+    Disconnected { reason: String },
+    /// A new association is live (new CNTLID); I/O qpairs reconnect on their threads.
+    Reconnected { cntlid: u16 },
+}
+
+pub(crate) const STATE_LIVE: u8 = 0;
+pub(crate) const STATE_RESETTING: u8 = 1;
+pub(crate) const STATE_FAILED: u8 = 2;
+pub(crate) const STATE_DELETED: u8 = 3;
+
+/// What the controller and its I/O qpairs share.
+pub(crate) struct Shared {
+    pub peer: SocketAddr,
+    pub tid: TransportId,
+    pub host: HostIdentity,
+    pub opts: ControllerOptions,
+    pub pd: Arc<ProtectionDomain>,
+    pub state: AtomicU8,
+    /// Bumped on every teardown of the association.
+    pub generation: AtomicU64,
+    pub cntlid: AtomicU16,
+    pub reset_requested: AtomicBool,
+    /// In-capsule data bytes the controller takes on I/O queues (0: none).
+    pub in_capsule: AtomicU32,
+    /// Largest data transfer of one command.
+    pub max_xfer: AtomicU32,
+    /// Largest I/O queue (CAP.MQES + 1).
+    pub max_io_depth: AtomicU32,
+    pub failure: Mutex<Option<String>>,
+}
+
+impl Shared {
+    pub fn state(&self) -> u8 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    pub fn failure(&self) -> String {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| "controller deleted".into())
+    }
+}
+
+/// What the bring-up learned about the controller.
+#[derive(Clone)]
+pub struct ControllerInfo {
+    pub cntlid: u16,
+    pub cap: Cap,
+    pub vs: Version,
+    pub identify: Box<IdentifyController>,
+}
+
+impl ControllerInfo {
+    /// In-capsule data bytes on I/O queues: (IOCCSZ * 16) - 64 when SGLS advertises offset
+    /// data blocks (and ICDOFF is 0, the only offset we send).
+    pub fn in_capsule_size(&self) -> u32 {
+        let id = &self.identify;
+        if id.sgls.get() & SGLS_OFFSET == 0 || id.icdoff.get() != 0 {
+            return 0;
+        }
+        (id.ioccsz.get().saturating_mul(16)).saturating_sub(64)
+    }
+
+    /// MDTS in bytes (units of the minimum memory page size), capped by what one keyed SGL
+    /// can describe.
+    pub fn max_transfer(&self) -> u32 {
+        let mdts = self.identify.mdts;
+        if mdts == 0 {
+            return KEYED_MAX_LENGTH;
+        }
+        let page = 1u64 << (12 + u32::from(self.cap.mpsmin()));
+        (page << mdts).min(u64::from(KEYED_MAX_LENGTH)) as u32
+    }
+}
+
+/// Namespace facts an I/O application needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    pub nsid: u32,
+    pub block_size: u32,
+    pub blocks: u64,
+}
+
+/// Admin command data direction.
+pub(crate) enum AdminData<'a> {
+    None,
+    /// Controller to host, this many bytes (then read them from the admin buffer).
+    In(usize),
+    /// Host to controller.
+    Out(&'a [u8]),
+}
+
+/// The admin queue and its bookkeeping.
+pub(crate) struct Admin {
+    q: RdmaQueue,
+    data: DmaBuf,
+    kato: Duration,
+    last_ka: Instant,
+    ka: Option<(u16, Instant)>,
+    aer: Option<u16>,
+    aer_done: Vec<Completion>,
+    sync: Option<(u16, Instant)>,
+    sync_rsp: Option<Completion>,
+    out: [(u16, Completion); POLL_BATCH],
+    timeout: Duration,
+    cc: Cc,
+}
+
+impl Admin {
+    fn fault(&self, f: QueueFault) -> Error {
+        Error::Transport {
+            addr: self.q.peer(),
+            qid: 0,
+            detail: f.to_string(),
+        }
+    }
+
+    /// Takes admin completions, sends a keep-alive when due, checks timeouts and the CM
+    /// channel. An error means the association is broken.
+    fn pump(&mut self) -> Result<()> {
+        let n = self.q.poll(&mut self.out).map_err(|f| self.fault(f))?;
+        for i in 0..n {
+            let (cid, cqe) = self.out[i];
+            if self.sync.is_some_and(|(c, _)| c == cid) {
+                self.sync = None;
+                self.sync_rsp = Some(cqe);
+            } else if self.ka.is_some_and(|(c, _)| c == cid) {
+                self.ka = None;
+                if !cqe.status().is_success() {
+                    return Err(Error::Command {
+                        what: "Keep Alive".into(),
+                        status: cqe.status(),
+                    });
+                }
+            } else if self.aer == Some(cid) {
+                self.aer = None;
+                if cqe.status().is_success() {
+                    self.aer_done.push(cqe);
+                } else {
+                    // Aborted (shutdown) or refused: not re-armed.
+                    tracing::debug!(status = %cqe.status(), "AER completed with an error");
+                }
+            }
+        }
+        let now = Instant::now();
+        if n == 0 {
+            if let Some(f) = self.q.check_cm() {
+                return Err(self.fault(f));
+            }
+        }
+        if let Some((_, sent)) = self.sync {
+            if now.duration_since(sent) > self.timeout {
+                return Err(Error::Timeout {
+                    what: "admin command".into(),
+                    after: self.timeout,
+                });
+            }
+        }
+        if !self.kato.is_zero() {
+            match self.ka {
+                Some((_, sent)) if now.duration_since(sent) > self.kato => {
+                    return Err(Error::Timeout {
+                        what: "Keep Alive".into(),
+                        after: self.kato,
+                    })
+                }
+                Some(_) => {}
+                None if now.duration_since(self.last_ka) >= self.kato / 2 => {
+                    let mut cmd = Command::keep_alive(0);
+                    if let Some(cid) = self.q.submit(&mut cmd, Data::None).map_err(|f| self.fault(f))? {
+                        self.ka = Some((cid, now));
+                        self.last_ka = now;
+                    }
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one admin command to completion (pumping keep-alive and AERs meanwhile). The
+    /// completion is returned whatever its status.
+    pub(crate) fn cmd(&mut self, mut cmd: Command, data: AdminData<'_>, what: &str) -> Result<Completion> {
+        let timeout = self.timeout;
+        let d = match data {
+            AdminData::None => Data::None,
+            AdminData::In(len) => {
+                assert!(len <= ADMIN_DATA_LEN, "admin transfer above the buffer size");
+                let sge = self.data.sge(0, len).expect("inside the admin buffer");
+                Data::Keyed {
+                    addr: sge.addr,
+                    len: len as u32,
+                    rkey: self.data.mr().rkey(),
+                }
+            }
+            AdminData::Out(bytes) => {
+                assert!(bytes.len() <= ADMIN_DATA_LEN, "admin transfer above the buffer size");
+                self.data.write_at(0, bytes);
+                let sge = self.data.sge(0, bytes.len()).expect("inside the admin buffer");
+                Data::Keyed {
+                    addr: sge.addr,
+                    len: bytes.len() as u32,
+                    rkey: self.data.mr().rkey(),
+                }
+            }
+        };
+        let deadline = Instant::now() + timeout;
+        let cid = loop {
+            match self.q.submit(&mut cmd, d).map_err(|f| self.fault(f))? {
+                Some(cid) => break cid,
+                // Every slot busy (keep-alive, AER and ours can't fill 32: only a stuck
+                // queue gets here).
+                None if Instant::now() >= deadline => {
+                    return Err(Error::Timeout {
+                        what: format!("{what}: a free admin slot"),
+                        after: timeout,
+                    })
+                }
+                None => {
+                    self.pump()?;
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        };
+        self.sync = Some((cid, Instant::now()));
+        self.sync_rsp = None;
+        loop {
+            self.pump().map_err(|e| match e {
+                Error::Timeout { what: w, after } if w == "admin command" => Error::Timeout {
+                    what: what.to_string(),
+                    after,
+                },
+                e => e,
+            })?;
+            if let Some(rsp) = self.sync_rsp.take() {
+                return Ok(rsp);
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Like [`cmd`](Self::cmd), failing on an error status.
+    pub(crate) fn ok(&mut self, cmd: Command, data: AdminData<'_>, what: &str) -> Result<Completion> {
+        let rsp = self.cmd(cmd, data, what)?;
+        if !rsp.status().is_success() {
+            return Err(Error::Command {
+                what: what.to_string(),
+                status: rsp.status(),
+            });
+        }
+        Ok(rsp)
+    }
+
+    fn read_data(&self, out: &mut [u8]) {
+        self.data.read_at(0, out);
+    }
+
+    fn property_get(&mut self, p: Property, what: &str) -> Result<u64> {
+        let cmd = PropertyGetCommand::new(0, p.0, p.size() == 8).to_command();
+        Ok(self.ok(cmd, AdminData::None, what)?.result64())
+    }
+
+    fn property_set(&mut self, p: Property, value: u64, what: &str) -> Result<()> {
+        let cmd = PropertySetCommand::new(0, p.0, value, p.size() == 8).to_command();
+        self.ok(cmd, AdminData::None, what).map(|_| ())
+    }
+
+    fn submit_aer(&mut self) {
+        if self.aer.is_some() {
+            return;
+        }
+        let mut cmd = Command::async_event_request(0);
+        match self.q.submit(&mut cmd, Data::None) {
+            Ok(Some(cid)) => self.aer = Some(cid),
+            Ok(None) => tracing::warn!("no admin slot for an AER"),
+            Err(f) => tracing::warn!("cannot submit an AER: {f}"),
+        }
+    }
+
+    /// Get Log Page of `len` bytes into a vector, split into buffer-sized pieces.
+    pub(crate) fn get_log(&mut self, nsid: u32, lid: LogPageId, len: usize, max_xfer: u32, what: &str) -> Result<Vec<u8>> {
+        let chunk = ADMIN_DATA_LEN.min(max_xfer as usize) & !3;
+        let mut out = vec![0u8; len];
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(chunk);
+            // Lengths are in dwords; read whole dwords and keep what was asked for.
+            let n4 = n.next_multiple_of(4).max(4);
+            let cmd = Command::get_log_page(0, nsid, lid, n4 as u32, off as u64);
+            self.ok(cmd, AdminData::In(n4), what)?;
+            let mut tmp = vec![0u8; n4];
+            self.read_data(&mut tmp);
+            out[off..off + n].copy_from_slice(&tmp[..n]);
+            off += n;
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn disconnect(&mut self, wait: Duration) {
+        self.q.disconnect(wait);
+    }
+}
+
+/// Turns a failed Fabrics Connect into an error naming the likely cause.
+pub(crate) fn connect_error(peer: SocketAddr, qid: u16, subnqn: &str, hostnqn: &str, rsp: &Completion) -> Error {
+    let status = rsp.status();
+    let detail = if status.same_code(Status::CONNECT_INVALID_HOST) {
+        format!("host {hostnqn} is not allowed to access the subsystem ({status})")
+    } else if status.same_code(Status::CONNECT_INVALID_PARAMETERS) {
+        let (in_data, off) = parse_connect_invalid_param_dw0(rsp.dw0.get());
+        let field = match (in_data, off) {
+            (true, o) if o == connect_offsets::DATA_SUBNQN => "subsystem NQN (no such subsystem on this port?)".to_string(),
+            (true, o) if o == connect_offsets::DATA_HOSTNQN => "host NQN".to_string(),
+            (true, o) if o == connect_offsets::DATA_CNTLID => "controller ID (the controller is gone?)".to_string(),
+            (true, o) if o == connect_offsets::DATA_HOSTID => "host ID".to_string(),
+            (false, o) if o == connect_offsets::SQE_SQSIZE => "queue size".to_string(),
+            (false, o) if o == connect_offsets::SQE_QID => "queue ID".to_string(),
+            (in_data, o) => format!("{} byte {o}", if in_data { "data" } else { "command" }),
+        };
+        format!("invalid parameter: {field} ({status})")
+    } else if status.same_code(Status::CONTROLLER_BUSY) {
+        format!("controller busy ({status})")
+    } else {
+        status.to_string()
+    };
+    Error::ConnectFailed {
+        addr: peer,
+        qid,
+        subnqn: subnqn.to_string(),
+        status,
+        detail,
+    }
+}
+
+/// Connects the admin queue and brings the controller up exactly as the Linux host does:
+/// Connect (QID 0) → Property Get CAP → Property Set CC (EN, IOSQES 6, IOCQES 4) → poll
+/// CSTS.RDY → Property Get VS → Identify Controller.
+fn bring_up(
+    peer: SocketAddr,
+    tid: &TransportId,
+    host: &HostIdentity,
+    opts: &ControllerOptions,
+    pd: Option<&Arc<ProtectionDomain>>,
+) -> Result<(Admin, Arc<ProtectionDomain>, ControllerInfo)> {
+    let (q, pd) = RdmaQueue::connect(peer, pd, 0, ADMIN_QUEUE_DEPTH, opts.connect_timeout)?;
+    let data = DmaBuf::new(&pd, ADMIN_DATA_LEN, AccessFlags::ALL_DATA)
+        .map_err(|e| Error::rdma("registering the admin data buffer", e))?;
+    let mut admin = Admin {
+        q,
+        data,
+        kato: Duration::ZERO,
+        last_ka: Instant::now(),
+        ka: None,
+        aer: None,
+        aer_done: Vec::new(),
+        sync: None,
+        sync_rsp: None,
+        out: [(0, Completion::default()); POLL_BATCH],
+        timeout: opts.connect_timeout.max(Duration::from_secs(1)),
+        cc: Cc(0),
+    };
+    let kato = if tid.is_discovery() { Duration::ZERO } else { opts.kato };
+    let kato_ms = u32::try_from(kato.as_millis()).unwrap_or(u32::MAX);
+    let connect = ConnectCommand::new(0, 0, ADMIN_QUEUE_DEPTH - 1, kato_ms).to_command();
+    let cd = ConnectData::new(host.id, CNTLID_DYNAMIC, &tid.subnqn, &host.nqn);
+    let rsp = admin.cmd(connect, AdminData::Out(cd.as_bytes()), "Connect")?;
+    if !rsp.status().is_success() {
+        return Err(connect_error(peer, 0, &tid.subnqn, &host.nqn, &rsp));
+    }
+    let cntlid = rsp.dw0.get() as u16;
+    admin.timeout = opts.admin_timeout;
+
+    let cap = Cap(admin.property_get(Property::CAP, "Property Get CAP")?);
+    let cc = Cc(0).with_iosqes(6).with_iocqes(4).with_en(true);
+    admin.property_set(Property::CC, u64::from(cc.0), "Property Set CC.EN")?;
+    admin.cc = cc;
+    // CAP.TO: worst-case time to ready, in 500 ms units.
+    let ready_limit = Duration::from_millis(500 * (u64::from(cap.to()) + 1));
+    let ready_deadline = Instant::now() + ready_limit;
+    loop {
+        let csts = Csts(admin.property_get(Property::CSTS, "Property Get CSTS")? as u32);
+        if csts.cfs() {
+            return Err(Error::Invalid(format!("{peer}: controller fatal status (CSTS.CFS) during enable")));
+        }
+        if csts.rdy() {
+            break;
+        }
+        if Instant::now() >= ready_deadline {
+            return Err(Error::Timeout {
+                what: format!("{peer}: CSTS.RDY after enabling the controller"),
+                after: ready_limit,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let vs = Version(admin.property_get(Property::VS, "Property Get VS")? as u32);
+    admin.ok(Command::identify(0, Cns::CONTROLLER, 0, 0), AdminData::In(4096), "Identify Controller")?;
+    let mut raw = vec![0u8; 4096];
+    admin.read_data(&mut raw);
+    let identify = Box::new(IdentifyController::read_from_bytes(&raw).expect("4096 bytes"));
+    if identify.cntlid.get() != cntlid {
+        tracing::warn!(connect = cntlid, identify = identify.cntlid.get(), "Identify CNTLID differs from Connect's");
+    }
+    // Keep-alive starts once the controller is enabled and identified, as Linux starts it
+    // when the controller goes live; the bring-up takes far less than KATO.
+    admin.kato = kato;
+    admin.last_ka = Instant::now();
+    Ok((admin, pd, ControllerInfo { cntlid, cap, vs, identify }))
+}
+
+/// A connected NVMe-oF controller.
+pub struct Controller {
+    shared: Arc<Shared>,
+    admin: Option<Admin>,
+    info: ControllerInfo,
+    granted_io_queues: u16,
+    next_qid: u16,
+    io_qpairs: Vec<IoQpair>,
+    lost_at: Option<Instant>,
+    next_attempt: Instant,
+    events: Vec<ControllerEvent>,
+}
+
+impl Controller {
+    /// Connects to the subsystem `tid` names: RDMA CM, admin bring-up, Set Features Number of
+    /// Queues, `opts.io_queues` I/O queue pairs, then Set Features Async Event Configuration
+    /// and one AER, in the Linux host's order. A discovery NQN gives a discovery controller
+    /// (no I/O queues, no keep-alive, no AER).
+    pub fn connect(tid: &TransportId, opts: ControllerOptions) -> Result<Self> {
+        let peer = tid.socket_addr()?;
+        let host = HostIdentity::resolve(tid.hostnqn.as_deref().or(opts.hostnqn.as_deref()), opts.hostid);
+        let (admin, pd, info) = bring_up(peer, tid, &host, &opts, None)?;
+        let shared = Arc::new(Shared {
+            peer,
+            tid: tid.clone(),
+            host,
+            pd,
+            state: AtomicU8::new(STATE_LIVE),
+            generation: AtomicU64::new(0),
+            cntlid: AtomicU16::new(info.cntlid),
+            reset_requested: AtomicBool::new(false),
+            in_capsule: AtomicU32::new(if opts.in_capsule_data { info.in_capsule_size() } else { 0 }),
+            max_xfer: AtomicU32::new(info.max_transfer()),
+            max_io_depth: AtomicU32::new(u32::from(info.cap.mqes()) + 1),
+            failure: Mutex::new(None),
+            opts,
+        });
+        let mut ctrl = Self {
+            shared,
+            admin: Some(admin),
+            info,
+            granted_io_queues: 0,
+            next_qid: 1,
+            io_qpairs: Vec::new(),
+            lost_at: None,
+            next_attempt: Instant::now(),
+            events: Vec::new(),
+        };
+        if !ctrl.is_discovery() {
+            let o = &ctrl.shared.opts;
+            let want = o.io_queues.max(o.io_queues_requested).max(1);
+            ctrl.granted_io_queues = ctrl.set_queue_count(want)?;
+            for _ in 0..ctrl.shared.opts.io_queues {
+                let depth = ctrl.shared.opts.io_queue_depth;
+                let qp = ctrl.create_io_qpair(depth)?;
+                ctrl.io_qpairs.push(qp);
+            }
+            ctrl.enable_async_events()?;
+        }
+        Ok(ctrl)
+    }
+
+    fn admin(&mut self) -> Result<&mut Admin> {
+        let failure = || Error::ControllerLost("the admin queue is not connected (reconnecting)".into());
+        self.admin.as_mut().ok_or_else(failure)
+    }
+
+    fn set_queue_count(&mut self, want: u16) -> Result<u16> {
+        let nq = NumberOfQueues {
+            nsq: u32::from(want),
+            ncq: u32::from(want),
+        };
+        let cmd = Command::set_features(0, FeatureId::NUMBER_OF_QUEUES, nq.to_dword(), false);
+        let rsp = self.admin()?.ok(cmd, AdminData::None, "Set Features Number of Queues")?;
+        let got = NumberOfQueues::from_dword(rsp.dw0.get());
+        let granted = got.nsq.min(got.ncq).min(u32::from(u16::MAX)) as u16;
+        if granted < want {
+            tracing::warn!(want, granted, "the controller grants fewer I/O queues than asked for");
+        }
+        Ok(granted)
+    }
+
+    /// Set Features Async Event Configuration (namespace attribute notices, if the controller
+    /// has them) and one outstanding AER.
+    fn enable_async_events(&mut self) -> Result<()> {
+        let aec = self.info.identify.oaes.get() & AEC_NAMESPACE_ATTRIBUTE;
+        if aec != 0 {
+            let cmd = Command::set_features(0, FeatureId::ASYNC_EVENT_CONFIGURATION, aec, false);
+            self.admin()?.ok(cmd, AdminData::None, "Set Features Async Event Configuration")?;
+        }
+        self.admin()?.submit_aer();
+        Ok(())
+    }
+
+    pub fn is_discovery(&self) -> bool {
+        self.shared.tid.is_discovery()
+    }
+
+    pub fn info(&self) -> &ControllerInfo {
+        &self.info
+    }
+
+    pub fn identify(&self) -> &IdentifyController {
+        &self.info.identify
+    }
+
+    pub fn transport_id(&self) -> &TransportId {
+        &self.shared.tid
+    }
+
+    pub fn host(&self) -> &HostIdentity {
+        &self.shared.host
+    }
+
+    pub fn peer(&self) -> SocketAddr {
+        self.shared.peer
+    }
+
+    /// The protection domain every queue of this controller uses: register data buffer pools
+    /// on it ([`register_pool`](Self::register_pool)).
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.shared.pd
+    }
+
+    /// Registers `pool` for remote read and write on this controller's PD, so its buffers can
+    /// carry I/O data.
+    pub fn register_pool(&self, pool: &BufferPool) -> Result<()> {
+        register_pool(&self.shared.pd, pool, AccessFlags::ALL_DATA)
+            .map_err(|e| Error::rdma("registering the buffer pool (raise `ulimit -l`?)", e))
+    }
+
+    /// In-capsule data bytes I/O queues use for writes (0: keyed SGLs only).
+    pub fn in_capsule_size(&self) -> u32 {
+        self.shared.in_capsule.load(Ordering::Relaxed)
+    }
+
+    pub fn max_transfer(&self) -> u32 {
+        self.shared.max_xfer.load(Ordering::Relaxed)
+    }
+
+    /// I/O queues the controller granted.
+    pub fn granted_io_queues(&self) -> u16 {
+        self.granted_io_queues
+    }
+
+    /// The I/O queue pairs [`connect`](Self::connect) created.
+    pub fn take_io_qpairs(&mut self) -> Vec<IoQpair> {
+        std::mem::take(&mut self.io_qpairs)
+    }
+
+    /// Connects one more I/O queue pair (the next QID) of `depth` entries (capped by
+    /// CAP.MQES + 1).
+    pub fn create_io_qpair(&mut self, depth: u16) -> Result<IoQpair> {
+        if self.is_discovery() {
+            return Err(Error::Invalid("a discovery controller has no I/O queues".into()));
+        }
+        if self.next_qid > self.granted_io_queues {
+            return Err(Error::Invalid(format!(
+                "the controller granted {} I/O queues, all in use",
+                self.granted_io_queues
+            )));
+        }
+        let max = self.shared.max_io_depth.load(Ordering::Relaxed).min(u32::from(u16::MAX)) as u16;
+        let depth = depth.clamp(2, max.max(2));
+        let qid = self.next_qid;
+        let qp = IoQpair::connect(Arc::clone(&self.shared), qid, depth)?;
+        self.next_qid += 1;
+        Ok(qp)
+    }
+
+    /// Runs an admin command with data from the controller (`data_len` bytes, returned).
+    pub fn admin_read(&mut self, cmd: Command, data_len: usize, what: &str) -> Result<(Completion, Vec<u8>)> {
+        if data_len > ADMIN_DATA_LEN {
+            return Err(Error::Invalid(format!("{what}: {data_len} bytes is above {ADMIN_DATA_LEN}")));
+        }
+        let admin = self.admin()?;
+        let rsp = admin.ok(cmd, AdminData::In(data_len), what)?;
+        let mut out = vec![0u8; data_len];
+        admin.read_data(&mut out);
+        Ok((rsp, out))
+    }
+
+    /// Runs an admin command without data, or with data to the controller.
+    pub fn admin_write(&mut self, cmd: Command, data: Option<&[u8]>, what: &str) -> Result<Completion> {
+        let d = data.map_or(AdminData::None, AdminData::Out);
+        self.admin()?.ok(cmd, d, what)
+    }
+
+    pub fn identify_namespace(&mut self, nsid: u32) -> Result<Box<IdentifyNamespace>> {
+        let (_, raw) = self.admin_read(Command::identify(0, Cns::NAMESPACE, nsid, 0), 4096, "Identify Namespace")?;
+        Ok(Box::new(IdentifyNamespace::read_from_bytes(&raw).expect("4096 bytes")))
+    }
+
+    /// Active namespace IDs (Identify CNS 02h, all pages).
+    pub fn active_namespaces(&mut self) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let mut after = 0u32;
+        loop {
+            let (_, raw) = self.admin_read(
+                Command::identify(0, Cns::ACTIVE_NAMESPACE_LIST, after, 0),
+                4096,
+                "Identify Active Namespace List",
+            )?;
+            let page: Vec<u32> = raw
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .take_while(|&id| id != 0)
+                .collect();
+            let full = page.len() == 1024;
+            after = page.last().copied().unwrap_or(0);
+            ids.extend(page);
+            if !full {
+                return Ok(ids);
+            }
+        }
+    }
+
+    /// Block size and capacity of a namespace (None if it is not active).
+    pub fn namespace(&mut self, nsid: u32) -> Result<Option<NamespaceInfo>> {
+        let ns = self.identify_namespace(nsid)?;
+        if ns.nsze.get() == 0 {
+            return Ok(None);
+        }
+        Ok(Some(NamespaceInfo {
+            nsid,
+            block_size: ns.current_lbaf().block_size() as u32,
+            blocks: ns.nsze.get(),
+        }))
+    }
+
+    /// Reads `len` bytes of log page `lid` (split into pieces the controller takes).
+    pub fn get_log_page(&mut self, nsid: u32, lid: LogPageId, len: usize) -> Result<Vec<u8>> {
+        let max = self.max_transfer();
+        self.admin()?.get_log(nsid, lid, len, max, "Get Log Page")
+    }
+
+    /// Keeps the association alive: keep-alive, AER completions, failure detection, and the
+    /// reconnect attempts. Call it every few milliseconds (well under KATO / 2) from the
+    /// thread that owns the controller. Returns the events since the last call; an error once
+    /// the controller is lost for good.
+    pub fn poll_admin(&mut self) -> Result<Vec<ControllerEvent>> {
+        match self.shared.state() {
+            STATE_LIVE => {
+                let result = self.pump_live();
+                let reset = self.shared.reset_requested.swap(false, Ordering::AcqRel);
+                if let Err(e) = result {
+                    self.start_reset(e.to_string());
+                } else if reset {
+                    self.start_reset("an I/O queue failed".into());
+                }
+            }
+            STATE_RESETTING => {
+                self.shared.reset_requested.store(false, Ordering::Relaxed);
+                if Instant::now() >= self.next_attempt {
+                    self.try_reconnect();
+                }
+            }
+            _ => {}
+        }
+        let events = std::mem::take(&mut self.events);
+        match self.shared.state() {
+            STATE_FAILED | STATE_DELETED if events.is_empty() => Err(Error::ControllerLost(self.shared.failure())),
+            _ => Ok(events),
+        }
+    }
+
+    /// Whether the association is live (not reconnecting, not lost).
+    pub fn is_live(&self) -> bool {
+        self.shared.state() == STATE_LIVE
+    }
+
+    fn pump_live(&mut self) -> Result<()> {
+        let admin = self.admin()?;
+        admin.pump()?;
+        let done = std::mem::take(&mut admin.aer_done);
+        for cqe in done {
+            self.on_async_event(cqe.dw0.get())?;
+        }
+        Ok(())
+    }
+
+    fn on_async_event(&mut self, dw0: u32) -> Result<()> {
+        let (ty, info, lid) = parse_async_event_dw0(dw0);
+        let max = self.max_transfer();
+        let admin = self.admin()?;
+        if ty == AsyncEventType::NOTICE && info == AsyncNotice::NAMESPACE_ATTRIBUTE_CHANGED.0 {
+            // Reading the Changed Namespace List clears the event, so it can fire again.
+            let raw = admin.get_log(0xFFFF_FFFF, LogPageId::CHANGED_NAMESPACE_LIST, 4096, max, "Get Log Page Changed Namespace List")?;
+            let nsids = raw
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .take_while(|&id| id != 0)
+                .collect();
+            tracing::info!(?nsids, "namespace attributes changed");
+            self.events.push(ControllerEvent::NamespaceChanged { nsids });
+        } else {
+            if lid.0 != 0 {
+                if let Err(e) = admin.get_log(0xFFFF_FFFF, lid, 512, max, "Get Log Page (async event)") {
+                    tracing::warn!("reading log page {lid:?} for an async event failed: {e}");
+                }
+            }
+            self.events.push(ControllerEvent::AsyncEvent { ty, info, lid });
+        }
+        self.admin()?.submit_aer();
+        Ok(())
+    }
+
+    fn fail(&mut self, reason: String) {
+        tracing::error!("controller {} lost: {reason}", self.shared.peer);
+        *self.shared.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        self.shared.state.store(STATE_FAILED, Ordering::Release);
+    }
+
+    /// Tears the association down after a failure; schedules a reconnect or fails.
+    fn start_reset(&mut self, reason: String) {
+        if let Some(mut admin) = self.admin.take() {
+            admin.disconnect(Duration::ZERO);
+        }
+        if self.shared.opts.reconnect.is_none() {
+            self.fail(reason);
+            return;
+        }
+        let delay = self.shared.opts.reconnect.map_or(Duration::ZERO, |r| r.delay);
+        tracing::warn!("controller {}: {reason}; reconnecting every {delay:?}", self.shared.peer);
+        self.lost_at.get_or_insert_with(Instant::now);
+        self.next_attempt = Instant::now() + delay;
+        self.shared.state.store(STATE_RESETTING, Ordering::Release);
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        self.events.push(ControllerEvent::Disconnected { reason });
+    }
+
+    fn try_reconnect(&mut self) {
+        let Some(policy) = self.shared.opts.reconnect else { return };
+        let lost = self.lost_at.map_or(Duration::ZERO, |t| t.elapsed());
+        if policy.ctrl_loss_tmo.is_some_and(|tmo| lost >= tmo) {
+            self.fail(format!("not reconnected within ctrl_loss_tmo ({:?})", policy.ctrl_loss_tmo.unwrap_or_default()));
+            return;
+        }
+        let s = Arc::clone(&self.shared);
+        match bring_up(s.peer, &s.tid, &s.host, &s.opts, Some(&s.pd)) {
+            Ok((admin, _, info)) => {
+                self.admin = Some(admin);
+                let cntlid = info.cntlid;
+                let used = self.next_qid - 1;
+                let result = self.set_queue_count(used.max(1)).and_then(|granted| {
+                    if granted < used {
+                        return Err(Error::Invalid(format!("the controller now grants {granted} I/O queues, {used} are in use")));
+                    }
+                    Ok(granted)
+                });
+                self.info = info;
+                self.shared.in_capsule.store(
+                    if s.opts.in_capsule_data { self.info.in_capsule_size() } else { 0 },
+                    Ordering::Relaxed,
+                );
+                self.shared.max_xfer.store(self.info.max_transfer(), Ordering::Relaxed);
+                let result = result.and_then(|_| self.enable_async_events());
+                if let Err(e) = result {
+                    tracing::warn!("reconnect to {}: {e}", s.peer);
+                    if let Some(mut a) = self.admin.take() {
+                        a.disconnect(Duration::ZERO);
+                    }
+                    self.next_attempt = Instant::now() + policy.delay;
+                    return;
+                }
+                s.cntlid.store(cntlid, Ordering::Release);
+                self.lost_at = None;
+                s.state.store(STATE_LIVE, Ordering::Release);
+                tracing::info!("controller {} reconnected after {lost:?}, cntlid {cntlid}", s.peer);
+                self.events.push(ControllerEvent::Reconnected { cntlid });
+            }
+            Err(e) => {
+                tracing::warn!("reconnect to {} failed: {e}; next attempt in {:?}", s.peer, policy.delay);
+                self.next_attempt = Instant::now() + policy.delay;
+            }
+        }
+    }
+
+    /// Orderly shutdown: the I/O qpairs still held here are disconnected, then CC.SHN =
+    /// normal (waiting for CSTS.SHST complete, bounded), then the admin queue is
+    /// disconnected. I/O qpairs owned elsewhere should be disconnected first, as the Linux
+    /// host tears I/O queues down before the admin queue.
+    pub fn disconnect(mut self) -> Result<()> {
+        for qp in self.io_qpairs.drain(..) {
+            qp.disconnect();
+        }
+        let was_live = self.shared.state() == STATE_LIVE;
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        self.shared.state.store(STATE_DELETED, Ordering::Release);
+        let mut result = Ok(());
+        if let Some(mut admin) = self.admin.take() {
+            if was_live {
+                result = shutdown(&mut admin);
+            }
+            admin.disconnect(Duration::from_secs(1));
+        }
+        result
+    }
+}
+
+/// CC.SHN = normal shutdown, then wait (up to 5 s, Linux's default) for CSTS.SHST complete.
+fn shutdown(admin: &mut Admin) -> Result<()> {
+    admin.timeout = admin.timeout.min(Duration::from_secs(5));
+    // A shutting-down controller fails Keep Alive with Command Sequence Error: stop sending.
+    admin.kato = Duration::ZERO;
+    let cc = admin.cc.with_shn(Cc::SHN_NORMAL);
+    admin.property_set(Property::CC, u64::from(cc.0), "Property Set CC.SHN")?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let csts = Csts(admin.property_get(Property::CSTS, "Property Get CSTS")? as u32);
+        if csts.shst() == Csts::SHST_COMPLETE {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: "shutdown (CSTS.SHST)".into(),
+                after: Duration::from_secs(5),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if self.shared.state() != STATE_FAILED {
+            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+            self.shared.state.store(STATE_DELETED, Ordering::Release);
+        }
+        if let Some(mut admin) = self.admin.take() {
+            admin.disconnect(Duration::ZERO);
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send() {
+    fn is_send<T: Send>() {}
+    is_send::<Controller>();
+    is_send::<IoQpair>();
+    let _ = IoStatus::Timeout;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvmf_common::spec::fabrics::connect_invalid_param_dw0;
+    use zerocopy::FromZeros;
+
+    fn info(mdts: u8, sgls: u32, ioccsz: u32) -> ControllerInfo {
+        let mut id = IdentifyController::new_zeroed();
+        id.mdts = mdts;
+        id.sgls.set(sgls);
+        id.ioccsz.set(ioccsz);
+        ControllerInfo {
+            cntlid: 1,
+            cap: Cap(0),
+            vs: Version::V1_3,
+            identify: Box::new(id),
+        }
+    }
+
+    #[test]
+    fn in_capsule_size_needs_offset_sgls() {
+        assert_eq!(info(0, SGLS_OFFSET | 0b101, 260).in_capsule_size(), 4096);
+        assert_eq!(info(0, 0b101, 260).in_capsule_size(), 0);
+        assert_eq!(info(0, SGLS_OFFSET, 4).in_capsule_size(), 0);
+    }
+
+    #[test]
+    fn max_transfer_from_mdts() {
+        assert_eq!(info(0, 0, 0).max_transfer(), KEYED_MAX_LENGTH);
+        assert_eq!(info(5, 0, 0).max_transfer(), 128 * 1024);
+        assert_eq!(info(20, 0, 0).max_transfer(), KEYED_MAX_LENGTH);
+    }
+
+    #[test]
+    fn connect_errors_name_the_cause() {
+        let peer: SocketAddr = "10.0.0.1:4420".parse().unwrap();
+        let mut rsp = Completion::new(0, Status::CONNECT_INVALID_PARAMETERS.with_dnr());
+        rsp.dw0.set(connect_invalid_param_dw0(true, connect_offsets::DATA_SUBNQN));
+        let e = connect_error(peer, 0, "nqn.x", "nqn.h", &rsp);
+        assert!(e.to_string().contains("no such subsystem"), "{e}");
+        assert!(!e.is_retryable());
+        let rsp = Completion::new(0, Status::CONNECT_INVALID_HOST.with_dnr());
+        let e = connect_error(peer, 0, "nqn.x", "nqn.h", &rsp);
+        assert!(e.to_string().contains("host nqn.h is not allowed"), "{e}");
+    }
+
+    #[test]
+    fn linux_cc_value() {
+        let cc = Cc(0).with_iosqes(6).with_iocqes(4).with_en(true);
+        assert_eq!(cc.0, 0x0046_0001);
+        assert_eq!(cc.with_shn(Cc::SHN_NORMAL).0, 0x0046_4001);
+    }
+}

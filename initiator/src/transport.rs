@@ -1,0 +1,551 @@
+//! One NVMe-oF RDMA queue (NVMe-oF 1.1, 7.3): an RC queue pair set up through RDMA CM with
+//! the NVMe-oF private data, its own completion queue, registered command slots and response
+//! buffers.
+//!
+//! Each command owns a slot `cid` (the CID on the wire) from submission until both its SEND
+//! completed locally and its response arrived: the command slot memory may be read by the
+//! device until the SEND completes, and the response may come before that completion is
+//! polled. Data never passes through this module's memory: commands name the caller's
+//! registered buffers with keyed SGLs (the target RDMA READs / WRITEs them) or, for small
+//! writes, send them as a second scatter entry of the command SEND (in-capsule data).
+//!
+//! Responses are 16-byte CQEs, one receive per possible outstanding command. Polling copies
+//! completions into a fixed array and reposts the receives before anything else runs, so a
+//! command submitted from a completion handler always finds a receive for its response.
+//! Nothing on this path locks or allocates.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvmf_common::rdma::{
+    AccessFlags, CmEventKind, CmId, CompletionQueue, ConnParams, DmaBuf, EventChannel,
+    ProtectionDomain, QpCaps, QueuePair, RdmaError, RecvWr, SendWr, Sge, WorkCompletion,
+};
+use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmReject, RdmaCmRejectStatus, RdmaCmRequest};
+use nvmf_common::spec::{Command, Completion, SglDescriptor};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::error::{Error, QueueFault, Result};
+
+const SQE_LEN: usize = 64;
+const CQE_LEN: usize = 16;
+/// Work completions taken per `ibv_poll_cq`.
+pub(crate) const POLL_BATCH: usize = 32;
+/// Receive completions carry this bit in their work request id; sends carry the CID.
+const RECV_BIT: u64 = 1 << 63;
+/// IB CM reject reason "invalid service ID": nothing listens on the port.
+const IB_CM_REJ_INVALID_SERVICE_ID: i32 = 8;
+/// wc_flags bit 2: rxe reports remote invalidation with the kernel's IB_WC_WITH_INVALIDATE
+/// value (see `WorkCompletion::invalidated_rkey`).
+const RXE_WC_WITH_INVALIDATE: u32 = 1 << 2;
+
+/// Where a command's data is.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Data {
+    None,
+    /// Host memory the target reaches with RDMA READ / WRITE under `rkey`. Always the plain
+    /// ADDRESS subtype: our buffers live in one long-lived registration per pool, whose key
+    /// must never be invalidated (see the crate docs).
+    Keyed { addr: u64, len: u32, rkey: u32 },
+    /// Data sent inside the command capsule, right after the SQE.
+    InCapsule(Sge),
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    busy: bool,
+    send_done: bool,
+    rsp: Option<Completion>,
+}
+
+/// A connected queue.
+pub(crate) struct RdmaQueue {
+    // Field order is drop order: the QP (and its CQ) before the CM id and its channel.
+    qp: QueuePair,
+    cq: Arc<CompletionQueue>,
+    id: CmId,
+    ch: EventChannel,
+    cmds: DmaBuf,
+    rsps: DmaBuf,
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    wcs: [WorkCompletion; POLL_BATCH],
+    qid: u16,
+    depth: u16,
+    peer: SocketAddr,
+    disconnected: bool,
+}
+
+fn cm_wait(
+    ch: &EventChannel,
+    kind: CmEventKind,
+    timeout: Duration,
+    peer: SocketAddr,
+    qid: u16,
+    step: &str,
+) -> Result<nvmf_common::rdma::CmEvent> {
+    match ch.wait_event(kind, timeout) {
+        Ok(ev) => Ok(ev),
+        Err(RdmaError::CmEventTimeout { .. }) => Err(Error::Timeout {
+            what: format!("{step} for {peer} (queue {qid})"),
+            after: timeout,
+        }),
+        Err(RdmaError::UnexpectedCmEvent {
+            got,
+            status,
+            private_data,
+            ..
+        }) => Err(cm_failure(peer, qid, step, got, status, &private_data)),
+        Err(e) => Err(Error::rdma(format!("{step} for {peer}"), e)),
+    }
+}
+
+/// Turns an unexpected CM event during connection set-up into the error a user can act on.
+pub(crate) fn cm_failure(
+    peer: SocketAddr,
+    qid: u16,
+    step: &str,
+    got: CmEventKind,
+    status: i32,
+    private_data: &[u8],
+) -> Error {
+    let errno = std::io::Error::from_raw_os_error(status.saturating_abs());
+    match got {
+        CmEventKind::AddrError | CmEventKind::RouteError => Error::Unreachable {
+            addr: peer,
+            detail: format!("{step} failed: {errno}"),
+        },
+        CmEventKind::Unreachable => Error::Unreachable {
+            addr: peer,
+            detail: format!("the peer did not answer the connection request ({errno})"),
+        },
+        CmEventKind::Rejected => match parse_reject(private_data) {
+            Some(sts) => Error::Rejected {
+                addr: peer,
+                qid,
+                reason: match sts.name() {
+                    Some(n) => format!("{n} ({:#x})", sts.0),
+                    None => format!("status {:#x}", sts.0),
+                },
+            },
+            None if status == IB_CM_REJ_INVALID_SERVICE_ID => Error::Refused {
+                addr: peer,
+                reason: status,
+            },
+            None => Error::Rejected {
+                addr: peer,
+                qid,
+                reason: format!("CM reject reason {status}, no NVMe-oF reject data"),
+            },
+        },
+        other => Error::Transport {
+            addr: peer,
+            qid,
+            detail: format!("{step}: unexpected RDMA CM event {other:?} (status {status})"),
+        },
+    }
+}
+
+/// An NVMe-oF RDMA_CM_REJECT record, if the private data holds one (IB/RoCE pad it).
+pub(crate) fn parse_reject(private_data: &[u8]) -> Option<RdmaCmRejectStatus> {
+    let (rej, _) = RdmaCmReject::read_from_prefix(private_data).ok()?;
+    let sts = rej.status();
+    (rej.recfmt.get() == 0 && (1..=0xFF).contains(&sts.0)).then_some(sts)
+}
+
+/// The private data of our connect request: HRQSIZE is the receives we post (one per
+/// command), HSQSIZE the zero-based SQ size the Fabrics Connect will ask for.
+pub(crate) fn connect_private_data(qid: u16, depth: u16) -> RdmaCmRequest {
+    RdmaCmRequest::new(qid, depth, depth - 1)
+}
+
+impl RdmaQueue {
+    /// Resolves `peer`, creates the QP on `pd` (or on a new PD of the device the route goes
+    /// through, returned), connects with the NVMe-oF private data and waits for the accept.
+    /// The queue has `depth` entries (at least 2).
+    pub(crate) fn connect(
+        peer: SocketAddr,
+        pd: Option<&Arc<ProtectionDomain>>,
+        qid: u16,
+        depth: u16,
+        timeout: Duration,
+    ) -> Result<(Self, Arc<ProtectionDomain>)> {
+        if depth < 2 {
+            return Err(Error::Invalid(format!("queue depth {depth} is below 2")));
+        }
+        let ch = EventChannel::new().map_err(|e| Error::rdma("rdma_create_event_channel", e))?;
+        let id = ch.create_id().map_err(|e| Error::rdma("rdma_create_id", e))?;
+        id.resolve_addr(None, peer, timeout).map_err(|e| Error::Unreachable {
+            addr: peer,
+            detail: e.to_string(),
+        })?;
+        cm_wait(&ch, CmEventKind::AddrResolved, timeout + Duration::from_secs(1), peer, qid, "address resolution")?;
+        id.resolve_route(timeout).map_err(|e| Error::Unreachable {
+            addr: peer,
+            detail: e.to_string(),
+        })?;
+        cm_wait(&ch, CmEventKind::RouteResolved, timeout + Duration::from_secs(1), peer, qid, "route resolution")?;
+        let ctx = id.context().map_err(|e| Error::Unreachable {
+            addr: peer,
+            detail: format!("no RDMA device on the route: {e}"),
+        })?;
+        let pd = match pd {
+            Some(pd) if pd.context().as_raw() == ctx.as_raw() => pd.clone(),
+            Some(_) => {
+                return Err(Error::Invalid(format!(
+                    "{peer}: the route now goes through another RDMA device ({}) than the \
+                     controller's buffers are registered on",
+                    ctx.device().name
+                )))
+            }
+            None => ProtectionDomain::new(&ctx).map_err(|e| Error::rdma("ibv_alloc_pd", e))?,
+        };
+        let n = u32::from(depth);
+        let cq = CompletionQueue::new(&ctx, 2 * n + 8).map_err(|e| Error::rdma("ibv_create_cq", e))?;
+        let qp = id
+            .create_qp(
+                &pd,
+                &cq,
+                &cq,
+                None,
+                QpCaps {
+                    max_send_wr: n + 1,
+                    max_recv_wr: n,
+                    max_send_sge: 2,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+            )
+            .map_err(|e| Error::rdma("rdma_create_qp", e))?;
+        let cmds = DmaBuf::new(&pd, depth as usize * SQE_LEN, AccessFlags::LOCAL_WRITE)
+            .map_err(|e| Error::rdma("registering command slots", e))?;
+        let rsps = DmaBuf::new(&pd, depth as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
+            .map_err(|e| Error::rdma("registering response buffers", e))?;
+        let mut q = Self {
+            qp,
+            cq,
+            id,
+            ch,
+            cmds,
+            rsps,
+            slots: vec![Slot::default(); usize::from(depth)],
+            free: (0..depth).rev().collect(),
+            wcs: [WorkCompletion::default(); POLL_BATCH],
+            qid,
+            depth,
+            peer,
+            disconnected: false,
+        };
+        let all: Vec<u16> = (0..depth).collect();
+        q.post_recvs(&all).map_err(|e| Error::rdma("posting receives", e))?;
+
+        let req = connect_private_data(qid, depth);
+        q.id.connect(&ConnParams {
+            private_data: req.as_bytes(),
+            // We never RDMA READ from the target; it reads our write buffers.
+            initiator_depth: 0,
+            ..ConnParams::default()
+        })
+        .map_err(|e| Error::rdma(format!("rdma_connect to {peer}"), e))?;
+        let ev = cm_wait(&q.ch, CmEventKind::Established, timeout, peer, qid, "connection")?;
+        let crqsize = RdmaCmAccept::read_from_prefix(&ev.private_data)
+            .map(|(a, _)| a.crqsize.get())
+            .unwrap_or(0);
+        if crqsize != 0 && crqsize < depth {
+            // Submit no more than the target can take.
+            q.depth = crqsize;
+            q.free.retain(|&c| c < crqsize);
+        }
+        tracing::debug!(%peer, qid, depth = q.depth, crqsize, "RDMA queue connected");
+        Ok((q, pd))
+    }
+
+    pub(crate) fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    pub(crate) fn has_free_slot(&self) -> bool {
+        !self.free.is_empty()
+    }
+
+    pub(crate) fn outstanding(&self) -> usize {
+        usize::from(self.depth) - self.free.len()
+    }
+
+    fn post_recvs(&self, slots: &[u16]) -> std::result::Result<(), RdmaError> {
+        let mut sges = [Sge::default(); POLL_BATCH];
+        for chunk in slots.chunks(POLL_BATCH) {
+            for (sge, &s) in sges.iter_mut().zip(chunk) {
+                *sge = self
+                    .rsps
+                    .sge(usize::from(s) * CQE_LEN, CQE_LEN)
+                    .expect("response slot inside its buffer");
+            }
+            let wrs: [RecvWr<'_>; POLL_BATCH] = std::array::from_fn(|i| {
+                let s = chunk.get(i).copied().unwrap_or(0);
+                RecvWr::new(RECV_BIT | u64::from(s), &sges[i..i + 1])
+            });
+            self.qp.post_recv(&wrs[..chunk.len()])?;
+        }
+        Ok(())
+    }
+
+    /// Sends `cmd` with `data`; sets its CID and SGL. Returns the CID, `Ok(None)` when every
+    /// slot is taken.
+    pub(crate) fn submit(
+        &mut self,
+        cmd: &mut Command,
+        data: Data,
+    ) -> std::result::Result<Option<u16>, QueueFault> {
+        if self.disconnected {
+            return Err(QueueFault::Verb("queue is disconnected".into()));
+        }
+        let Some(cid) = self.free.pop() else {
+            return Ok(None);
+        };
+        cmd.cid.set(cid);
+        let data_sge = match data {
+            Data::None => {
+                cmd.set_sgl(SglDescriptor::null());
+                None
+            }
+            Data::Keyed { addr, len, rkey } => {
+                cmd.set_sgl(SglDescriptor::keyed(addr, len, rkey, false));
+                None
+            }
+            Data::InCapsule(sge) => {
+                cmd.set_sgl(SglDescriptor::in_capsule(0, sge.length));
+                Some(sge)
+            }
+        };
+        let off = usize::from(cid) * SQE_LEN;
+        self.cmds.write_at(off, cmd.as_bytes());
+        let sges = [
+            self.cmds.sge(off, SQE_LEN).expect("command slot inside its buffer"),
+            data_sge.unwrap_or_default(),
+        ];
+        let n = 1 + usize::from(data_sge.is_some());
+        if let Err(e) = self.qp.post_send(&[SendWr::send(u64::from(cid), &sges[..n])]) {
+            self.free.push(cid);
+            return Err(QueueFault::Verb(e.to_string()));
+        }
+        self.slots[usize::from(cid)] = Slot {
+            busy: true,
+            send_done: false,
+            rsp: None,
+        };
+        Ok(Some(cid))
+    }
+
+    /// Takes what the CQ has (at most [`POLL_BATCH`] work completions) and writes the
+    /// commands that finished into `out` as (CID, completion); returns how many. The CIDs are
+    /// free again when this returns. An error means the queue is broken.
+    pub(crate) fn poll(
+        &mut self,
+        out: &mut [(u16, Completion); POLL_BATCH],
+    ) -> std::result::Result<usize, QueueFault> {
+        let n = self
+            .cq
+            .poll(&mut self.wcs)
+            .map_err(|e| QueueFault::Verb(e.to_string()))?;
+        if n == 0 {
+            return Ok(0);
+        }
+        // Pass 1: copy the responses out and give their receive buffers back at once.
+        let mut cqes = [Completion::default(); POLL_BATCH];
+        let mut recv_slots = [0u16; POLL_BATCH];
+        let mut nrecv = 0;
+        for i in 0..n {
+            let wc = self.wcs[i];
+            if !wc.is_success() {
+                self.disconnected = true;
+                return Err(QueueFault::Wc {
+                    status: wc.status(),
+                    recv: wc.wr_id() & RECV_BIT != 0,
+                    vendor: wc.vendor_err(),
+                });
+            }
+            if wc.wr_id() & RECV_BIT == 0 {
+                continue;
+            }
+            if wc.byte_len() as usize != CQE_LEN {
+                return Err(QueueFault::Protocol(format!(
+                    "response capsule of {} bytes (expected {CQE_LEN})",
+                    wc.byte_len()
+                )));
+            }
+            let slot = wc.wr_id() as u16;
+            let mut raw = [0u8; CQE_LEN];
+            self.rsps.read_at(usize::from(slot) * CQE_LEN, &mut raw);
+            cqes[nrecv] = Completion::read_from_bytes(&raw).expect("16 bytes make one CQE");
+            recv_slots[nrecv] = slot;
+            nrecv += 1;
+            let inv = wc
+                .invalidated_rkey()
+                .or_else(|| (wc.wc_flags() & RXE_WC_WITH_INVALIDATE != 0).then(|| wc.ex_data()));
+            if let Some(rkey) = inv {
+                // We never ask for invalidation (ADDRESS subtype only): a target that
+                // invalidates anyway has just revoked a whole buffer pool's key.
+                return Err(QueueFault::Protocol(format!(
+                    "the target invalidated rkey {rkey:#x} with SEND_WITH_INVALIDATE, \
+                     although no command asked for it"
+                )));
+            }
+        }
+        if nrecv > 0 {
+            self.post_recvs(&recv_slots[..nrecv])
+                .map_err(|e| QueueFault::Verb(e.to_string()))?;
+        }
+        // Pass 2: pair sends with responses.
+        let mut done = 0;
+        let mut r = 0;
+        for i in 0..n {
+            let wc = self.wcs[i];
+            let (cid, rsp) = if wc.wr_id() & RECV_BIT != 0 {
+                let cqe = cqes[r];
+                r += 1;
+                (cqe.cid.get(), Some(cqe))
+            } else {
+                (wc.wr_id() as u16, None)
+            };
+            let Some(slot) = self.slots.get_mut(usize::from(cid)).filter(|s| s.busy) else {
+                return Err(QueueFault::Protocol(format!(
+                    "completion for CID {cid}, which is not outstanding"
+                )));
+            };
+            match rsp {
+                Some(cqe) => {
+                    if slot.rsp.is_some() {
+                        return Err(QueueFault::Protocol(format!("second response for CID {cid}")));
+                    }
+                    slot.rsp = Some(cqe);
+                }
+                None => slot.send_done = true,
+            }
+            if slot.send_done {
+                if let Some(cqe) = slot.rsp.take() {
+                    *slot = Slot::default();
+                    self.free.push(cid);
+                    out[done] = (cid, cqe);
+                    done += 1;
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// A pending CM event that ends the connection (the target disconnected, the device
+    /// went away), without blocking.
+    pub(crate) fn check_cm(&self) -> Option<QueueFault> {
+        match self.ch.get_event() {
+            Ok(Some(ev)) => match ev.kind {
+                CmEventKind::Disconnected
+                | CmEventKind::DeviceRemoval
+                | CmEventKind::AddrChange
+                | CmEventKind::TimewaitExit => Some(QueueFault::CmEvent(format!("{:?}", ev.kind))),
+                _ => None,
+            },
+            Ok(None) => None,
+            Err(e) => Some(QueueFault::Verb(e.to_string())),
+        }
+    }
+
+    /// `rdma_disconnect`: the QP goes to the error state at once (the target can no longer
+    /// touch our memory through it) and the target is told. With `wait`, waits that long for
+    /// the target's answer.
+    pub(crate) fn disconnect(&mut self, wait: Duration) {
+        if !self.disconnected {
+            self.disconnected = true;
+            if self.id.disconnect().is_ok() && !wait.is_zero() {
+                let deadline = Instant::now() + wait;
+                while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+                    match self.ch.next_event(left) {
+                        Ok(Some(ev)) if ev.kind == CmEventKind::Disconnected => break,
+                        Ok(Some(_)) => continue,
+                        _ => break,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends one command and polls this queue alone until it completes: for the Fabrics
+    /// Connect of an I/O queue, before it carries any I/O.
+    pub(crate) fn run_sync(
+        &mut self,
+        cmd: &mut Command,
+        data: Data,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<Completion> {
+        let fault = |q: &Self, f: QueueFault| Error::Transport {
+            addr: q.peer,
+            qid: q.qid,
+            detail: f.to_string(),
+        };
+        let cid = self
+            .submit(cmd, data)
+            .map_err(|f| fault(self, f))?
+            .ok_or_else(|| Error::Invalid(format!("{what}: no free command slot")))?;
+        let deadline = Instant::now() + timeout;
+        let mut out = [(0u16, Completion::default()); POLL_BATCH];
+        loop {
+            let n = self.poll(&mut out).map_err(|f| fault(self, f))?;
+            if let Some((_, cqe)) = out[..n].iter().find(|(c, _)| *c == cid) {
+                return Ok(*cqe);
+            }
+            if n == 0 {
+                if let Some(f) = self.check_cm() {
+                    return Err(fault(self, f));
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::Timeout {
+                        what: format!("{what} on queue {} of {}", self.qid, self.peer),
+                        after: timeout,
+                    });
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+}
+
+impl Drop for RdmaQueue {
+    fn drop(&mut self) {
+        self.disconnect(Duration::ZERO);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_data_is_one_based_rq_zero_based_sq() {
+        let r = connect_private_data(3, 128);
+        let b = r.as_bytes();
+        assert_eq!(b.len(), 32);
+        assert_eq!(&b[0..2], &0u16.to_le_bytes(), "recfmt 0");
+        assert_eq!(&b[2..4], &3u16.to_le_bytes(), "qid");
+        assert_eq!(&b[4..6], &128u16.to_le_bytes(), "hrqsize = depth");
+        assert_eq!(&b[6..8], &127u16.to_le_bytes(), "hsqsize = depth - 1");
+        assert!(b[8..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn reject_data_parses_with_padding() {
+        let mut pd = RdmaCmReject::new(RdmaCmRejectStatus::INVALID_HSQSIZE).as_bytes().to_vec();
+        pd.resize(148, 0);
+        assert_eq!(parse_reject(&pd), Some(RdmaCmRejectStatus::INVALID_HSQSIZE));
+        assert_eq!(parse_reject(&[0u8; 148]), None, "all zero is no reject record");
+        assert_eq!(parse_reject(&[]), None);
+        let peer: SocketAddr = "10.0.0.1:4420".parse().unwrap();
+        let e = cm_failure(peer, 0, "connection", CmEventKind::Rejected, 28, &pd);
+        assert!(e.to_string().contains("INVALID_HSQSIZE"), "{e}");
+        let e = cm_failure(peer, 0, "connection", CmEventKind::Rejected, 8, &[0; 148]);
+        assert!(matches!(e, Error::Refused { .. }), "{e}");
+        let e = cm_failure(peer, 0, "address resolution", CmEventKind::AddrError, -110, &[]);
+        assert!(matches!(e, Error::Unreachable { .. }), "{e}");
+    }
+}
