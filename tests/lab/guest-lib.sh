@@ -76,7 +76,13 @@ lab_pass() {
 
 lab_fail() {
     LAB_REPORTED=1
-    echo "FAIL: $LAB_NAME${1:+: $*}"
+    if [[ $BASHPID == "$$" ]]; then
+        echo "FAIL: $LAB_NAME${1:+: $*}"
+    else
+        # Inside $(...) stdout is captured: say why on stderr; the scenario
+        # then stops with its own FAIL line.
+        echo "lab: failing: $*" >&2
+    fi
     exit 1
 }
 
