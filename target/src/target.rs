@@ -76,44 +76,8 @@ impl From<TargetError> for nvmf_rpc::RpcError {
     }
 }
 
-/// The mutable configuration of one subsystem.
-#[derive(Clone)]
-pub struct SubsystemState {
-    pub id: SubsystemId,
-    pub nqn: String,
-    pub kind: SubsystemKind,
-    pub serial_number: String,
-    pub model_number: String,
-    pub allow_any_host: bool,
-    pub hosts: Vec<String>,
-    pub listeners: Vec<ListenAddress>,
-    pub namespaces: BTreeMap<u32, Arc<Namespace>>,
-    pub max_namespaces: u32,
-    pub min_cntlid: u16,
-    pub max_cntlid: u16,
-    pub ana_reporting: bool,
-    pub shared: Arc<SubsystemShared>,
-}
-
-impl SubsystemState {
-    pub fn snapshot(&self) -> Arc<SubsystemConfig> {
-        Arc::new(SubsystemConfig {
-            id: self.id,
-            nqn: self.nqn.clone(),
-            kind: self.kind,
-            serial_number: self.serial_number.clone(),
-            model_number: self.model_number.clone(),
-            allow_any_host: self.allow_any_host,
-            hosts: self.hosts.clone(),
-            listeners: self.listeners.clone(),
-            namespaces: self.namespaces.clone(),
-            max_namespaces: self.max_namespaces,
-            min_cntlid: self.min_cntlid,
-            max_cntlid: self.max_cntlid,
-            shared: Arc::clone(&self.shared),
-        })
-    }
-}
+/// The control plane's copy of a subsystem: the same type the reactors get snapshots of.
+pub type SubsystemState = SubsystemConfig;
 
 /// What `create_subsystem` takes, with SPDK's defaults.
 #[derive(Debug, Clone)]
@@ -170,26 +134,9 @@ impl Target {
             poll_groups: Vec::new(),
             next_id: 1,
         };
-        let discovery = SubsystemConfig::discovery(0);
-        target.subsystems.insert(
-            DISCOVERY_NQN.to_string(),
-            SubsystemState {
-                id: 0,
-                nqn: discovery.nqn.clone(),
-                kind: SubsystemKind::Discovery,
-                serial_number: String::new(),
-                model_number: String::new(),
-                allow_any_host: true,
-                hosts: Vec::new(),
-                listeners: Vec::new(),
-                namespaces: BTreeMap::new(),
-                max_namespaces: 0,
-                min_cntlid: discovery.min_cntlid,
-                max_cntlid: discovery.max_cntlid,
-                ana_reporting: false,
-                shared: Arc::clone(&discovery.shared),
-            },
-        );
+        target
+            .subsystems
+            .insert(DISCOVERY_NQN.to_string(), SubsystemConfig::discovery(0));
         target
     }
 
@@ -262,7 +209,7 @@ impl Target {
         self.next_id += 1;
         self.subsystems.insert(
             nqn.to_string(),
-            SubsystemState {
+            SubsystemConfig {
                 id,
                 nqn: nqn.to_string(),
                 kind: SubsystemKind::Nvm,

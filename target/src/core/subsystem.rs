@@ -192,7 +192,9 @@ impl SubsystemShared {
     }
 }
 
-/// One immutable view of a subsystem's configuration.
+/// A subsystem's configuration. The control plane owns one per subsystem and mutates it;
+/// reactors get immutable snapshots (`Arc` of a clone).
+#[derive(Clone)]
 pub struct SubsystemConfig {
     pub id: SubsystemId,
     pub nqn: String,
@@ -206,6 +208,7 @@ pub struct SubsystemConfig {
     pub max_namespaces: u32,
     pub min_cntlid: u16,
     pub max_cntlid: u16,
+    pub ana_reporting: bool,
     pub shared: Arc<SubsystemShared>,
 }
 
@@ -225,6 +228,7 @@ impl SubsystemConfig {
             max_namespaces: 0,
             min_cntlid: 1,
             max_cntlid: 0xFFEF,
+            ana_reporting: false,
             shared: Arc::new(SubsystemShared::new(1)),
         }
     }
@@ -246,6 +250,11 @@ impl SubsystemConfig {
         } else {
             self.max_namespaces.max(highest)
         }
+    }
+
+    /// An immutable copy for the reactors.
+    pub fn snapshot(&self) -> Arc<SubsystemConfig> {
+        Arc::new(self.clone())
     }
 
     pub fn ns_generation(&self) -> u64 {
