@@ -83,6 +83,28 @@ plain=$(lat "$LAB_OUT/plain-qd1.json")
 lab_log "fio clat mean: delay bdev ${delayed} us, plain ${plain} us"
 ((delayed >= 2000 && delayed >= plain + 1500)) || lab_fail "delay bdev latency not visible in fio clat (${delayed} us vs ${plain} us)"
 
+# A full file system: ns4 is a sparse 64 MiB file on a 4 MiB tmpfs (no O_DIRECT there, so the
+# bdev falls back to buffered I/O). Writing past the free space gets ENOSPC, which the host
+# sees as a write error (Capacity Exceeded, DNR: no retries); the namespace keeps serving reads.
+small=$(mktemp -d /tmp/nvmf-full.XXXXXX)
+lab_t 10 mount -t tmpfs -o size=4m tmpfs "$small"
+lab__record mounts "$small"
+lab_t 10 truncate -s 64M "$small/full.img"
+nvmf_rpc bdev_uring_create "$small/full.img" Full0 4096 >/dev/null
+nvmf_rpc nvmf_subsystem_add_ns "$nqn" Full0 -n 4 >/dev/null
+lab_wait_until 30 "namespace 4 to appear" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -ge 4 ]" ||
+    lab_fail "namespace 4 did not appear"
+ns4=$(lab_nvme_dev "$nqn" | sort | tail -n1)
+if lab_t 120 dd if=/dev/urandom of="$ns4" bs=1M count=16 oflag=direct status=none 2>"$LAB_STATE/full-err"; then
+    lab_fail "writing 16 MiB into a 4 MiB file system succeeded"
+fi
+lab_log "full file system: host saw: $(head -n1 "$LAB_STATE/full-err")"
+ctrl=/dev/$(basename "$(ls -d /sys/class/nvme-subsystem/*/nvme[0-9]* | grep -v 'n[0-9]*$' | sed -n 1p)")
+lab_t 30 nvme error-log "$ctrl" -e 16 >"$LAB_OUT/error-log.txt" 2>&1 || true
+# Capacity Exceeded is generic status 0x81 with DNR: status field (0x4081 << 1) = 0x8102.
+grep -qi "0x8102\|capacity" "$LAB_OUT/error-log.txt" || lab_fail "controller error log has no Capacity Exceeded entry"
+lab_t 30 dd if="$ns4" of=/dev/null bs=4k count=16 iflag=direct status=none || lab_fail "ns4 reads after ENOSPC"
+
 lab_nvme_disconnect "$nqn"
 nvmf_tgt_stop
-lab_pass "file durability across kill -9 and restart; injected error reached the host alone; delay ${delayed} us vs ${plain} us"
+lab_pass "full file system gives Capacity Exceeded; file durability across kill -9 and restart; injected error reached the host alone; delay ${delayed} us vs ${plain} us"
