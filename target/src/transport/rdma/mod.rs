@@ -30,6 +30,21 @@ mod request;
 
 pub use poll_group::RdmaPollGroup;
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_the_transport_cannot_honour_are_refused_by_name() {
+        assert!(refuse_unhonoured(&TransportOptions::new("RDMA")).is_ok());
+        let mut opts = TransportOptions::new("RDMA");
+        opts.no_srq = true;
+        opts.num_cqe += 1;
+        let err = refuse_unhonoured(&opts).unwrap_err();
+        assert!(err.contains("no_srq") && err.contains("num_cqe"), "{err}");
+    }
+}
+
 /// A connect request that passed validation, on its way to a reactor.
 pub struct NewConnection {
     pub id: CmId,
@@ -64,6 +79,7 @@ pub struct RdmaTransport {
 impl RdmaTransport {
     pub fn new(opts: TransportOptions) -> Result<Self, String> {
         opts.validate()?;
+        refuse_unhonoured(&opts)?;
         let channel = EventChannel::new()
             .map_err(|e| format!("cannot open an RDMA CM event channel: {e}"))?;
         let shared = Arc::new(Shared {
@@ -99,6 +115,43 @@ impl Drop for RdmaTransport {
         {
             let _ = t.join();
         }
+    }
+}
+
+/// Options this transport cannot honour are refused by name rather than ignored: it always
+/// uses a shared receive queue, sizes its CQ from the device, batches work requests, runs the
+/// CM on its own thread and does not abort commands on a timer.
+fn refuse_unhonoured(opts: &TransportOptions) -> Result<(), String> {
+    let d = TransportOptions::new(&opts.trtype);
+    let mut refused = Vec::new();
+    if opts.no_srq {
+        refused.push("no_srq");
+    }
+    if opts.num_cqe != d.num_cqe {
+        refused.push("num_cqe");
+    }
+    if opts.no_wr_batching != d.no_wr_batching {
+        refused.push("no_wr_batching");
+    }
+    if opts.acceptor_poll_rate != d.acceptor_poll_rate {
+        refused.push("acceptor_poll_rate");
+    }
+    if opts.abort_timeout_sec != d.abort_timeout_sec {
+        refused.push("abort_timeout_sec");
+    }
+    if opts.ack_timeout != d.ack_timeout {
+        refused.push("ack_timeout");
+    }
+    if opts.data_wr_pool_size != d.data_wr_pool_size {
+        refused.push("data_wr_pool_size");
+    }
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the RDMA transport supports only the default value of: {}",
+            refused.join(", ")
+        ))
     }
 }
 
