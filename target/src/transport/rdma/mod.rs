@@ -30,21 +30,6 @@ mod request;
 
 pub use poll_group::RdmaPollGroup;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn options_the_transport_cannot_honour_are_refused_by_name() {
-        assert!(refuse_unhonoured(&TransportOptions::new("RDMA")).is_ok());
-        let mut opts = TransportOptions::new("RDMA");
-        opts.no_srq = true;
-        opts.num_cqe += 1;
-        let err = refuse_unhonoured(&opts).unwrap_err();
-        assert!(err.contains("no_srq") && err.contains("num_cqe"), "{err}");
-    }
-}
-
 /// A connect request that passed validation, on its way to a reactor.
 pub struct NewConnection {
     pub id: CmId,
@@ -354,4 +339,19 @@ fn on_connect_request(
             }
         });
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_the_transport_cannot_honour_are_refused_by_name() {
+        assert!(refuse_unhonoured(&TransportOptions::new("RDMA")).is_ok());
+        let mut opts = TransportOptions::new("RDMA");
+        opts.no_srq = true;
+        opts.num_cqe += 1;
+        let err = refuse_unhonoured(&opts).unwrap_err();
+        assert!(err.contains("no_srq") && err.contains("num_cqe"), "{err}");
+    }
 }
