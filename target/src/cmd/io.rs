@@ -179,28 +179,31 @@ fn dataset_management(
     if !dsm.attr_deallocate {
         return req.fail(Status::SUCCESS);
     }
-    let mut ranges = Vec::with_capacity(dsm.nr as usize);
-    for chunk in req
-        .data()
-        .chunks_exact(DSM_RANGE_LEN as usize)
-        .take(dsm.nr as usize)
-    {
-        let range = DsmRange::read_from_bytes(chunk).expect("chunk is exactly one range");
-        let (slba, nlb) = (range.slba.get(), u64::from(range.nlb.get()));
+    // Two passes over the host's range list, no allocation: validate every range first so a
+    // bad one fails the command before anything is deallocated, then submit.
+    let ranges = || {
+        req.data()
+            .chunks_exact(DSM_RANGE_LEN as usize)
+            .take(dsm.nr as usize)
+            .map(|chunk| DsmRange::read_from_bytes(chunk).expect("chunk is exactly one range"))
+            .map(|r| (r.slba.get(), u64::from(r.nlb.get())))
+    };
+    let mut count = 0u32;
+    for (slba, nlb) in ranges() {
         if let Err(status) = check_range(ns, slba, nlb) {
             return req.fail(status);
         }
-        if nlb > 0 {
-            ranges.push((slba, nlb));
-        }
+        count += u32::from(nlb > 0);
     }
-    if ranges.is_empty() || !ns.bdev.supports(IoKind::Unmap) {
+    if count == 0 || !ns.bdev.supports(IoKind::Unmap) {
         return req.fail(Status::SUCCESS);
     }
-    req.progress.outstanding = ranges.len() as u32;
-    for (slba, nlb) in ranges {
+    let tag = req.tag.0;
+    let mut outstanding = count;
+    let mut first_error = None;
+    for (slba, nlb) in ranges().filter(|&(_, nlb)| nlb > 0) {
         let io = BdevIo {
-            tag: req.tag.0,
+            tag,
             kind: IoKind::Unmap,
             offset_blocks: slba,
             num_blocks: nlb,
@@ -208,10 +211,12 @@ fn dataset_management(
             fua: false,
         };
         if let Err(status) = core.submit_io(sid, ns.nsid, io) {
-            req.progress.outstanding -= 1;
-            req.progress.status.get_or_insert(status);
+            outstanding -= 1;
+            first_error.get_or_insert(status);
         }
     }
+    req.progress.outstanding = outstanding;
+    req.progress.status = first_error;
     if req.progress.outstanding == 0 {
         let status = req.progress.status.unwrap_or(Status::SUCCESS);
         return req.fail(status);
