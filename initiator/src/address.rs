@@ -57,7 +57,11 @@ pub enum AddressError {
 impl TransportId {
     pub fn rdma(traddr: &str, trsvcid: u16, subnqn: &str) -> Self {
         Self {
-            adrfam: if traddr.contains(':') { AddressFamily::IPv6 } else { AddressFamily::IPv4 },
+            adrfam: if traddr.contains(':') {
+                AddressFamily::IPv6
+            } else {
+                AddressFamily::IPv4
+            },
             traddr: traddr.to_string(),
             trsvcid,
             subnqn: subnqn.to_string(),
@@ -128,7 +132,9 @@ impl FromStr for TransportId {
                 }
                 "traddr" => traddr = Some(value),
                 "trsvcid" => {
-                    trsvcid = value.parse().map_err(|_| AddressError::Trsvcid(value.clone()))?
+                    trsvcid = value
+                        .parse()
+                        .map_err(|_| AddressError::Trsvcid(value.clone()))?
                 }
                 "subnqn" => subnqn = Some(value),
                 "hostnqn" => hostnqn = Some(value),
@@ -218,12 +224,24 @@ mod tests {
     #[test]
     fn errors() {
         let e = |s: &str| s.parse::<TransportId>().unwrap_err();
-        assert_eq!(e("trtype:TCP traddr:1.2.3.4"), AddressError::Trtype("TCP".into()));
+        assert_eq!(
+            e("trtype:TCP traddr:1.2.3.4"),
+            AddressError::Trtype("TCP".into())
+        );
         assert_eq!(e("trtype:RDMA"), AddressError::NoTraddr);
-        assert_eq!(e("traddr:1.2.3.4 trsvcid:x"), AddressError::Trsvcid("x".into()));
-        assert_eq!(e("traddr:1.2.3.4 foo:1"), AddressError::UnknownKey("foo".into()));
+        assert_eq!(
+            e("traddr:1.2.3.4 trsvcid:x"),
+            AddressError::Trsvcid("x".into())
+        );
+        assert_eq!(
+            e("traddr:1.2.3.4 foo:1"),
+            AddressError::UnknownKey("foo".into())
+        );
         assert_eq!(e("traddr"), AddressError::Syntax("traddr".into()));
-        assert_eq!(e("traddr:1.2.3.4 adrfam:IB"), AddressError::Adrfam("IB".into()));
+        assert_eq!(
+            e("traddr:1.2.3.4 adrfam:IB"),
+            AddressError::Adrfam("IB".into())
+        );
         assert_eq!(e("traddr:1.2.3.4 ns:x"), AddressError::Ns("x".into()));
     }
 }

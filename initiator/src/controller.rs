@@ -29,11 +29,11 @@ use std::time::{Duration, Instant};
 
 use nvmf_common::buffer::BufferPool;
 use nvmf_common::rdma::{register_pool, AccessFlags, DmaBuf, ProtectionDomain};
-use nvmf_common::spec::fabrics::{connect_offsets, parse_connect_invalid_param_dw0, CNTLID_DYNAMIC};
-use nvmf_common::spec::features::{
-    parse_async_event_dw0, NumberOfQueues, AEC_NAMESPACE_ATTRIBUTE,
+use nvmf_common::spec::fabrics::{
+    connect_offsets, parse_connect_invalid_param_dw0, CNTLID_DYNAMIC,
 };
-use nvmf_common::spec::identify::{SGLS_OFFSET};
+use nvmf_common::spec::features::{parse_async_event_dw0, NumberOfQueues, AEC_NAMESPACE_ATTRIBUTE};
+use nvmf_common::spec::identify::SGLS_OFFSET;
 use nvmf_common::spec::sgl::KEYED_MAX_LENGTH;
 use nvmf_common::spec::{
     AsyncEventType, AsyncNotice, Cap, Cc, Cns, Command, Completion, ConnectCommand, ConnectData,
@@ -109,7 +109,7 @@ impl Default for ControllerOptions {
             io_queues: 0,
             io_queues_requested: 0,
             io_queue_depth: 128,
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(10),
             admin_timeout: Duration::from_secs(60),
             io_timeout: Duration::from_secs(30),
             in_capsule_data: true,
@@ -125,7 +125,11 @@ pub enum ControllerEvent {
     /// 0xFFFFFFFF means more than 1024 changed).
     NamespaceChanged { nsids: Vec<u32> },
     /// Any other asynchronous event (its log page was read to re-arm it).
-    AsyncEvent { ty: AsyncEventType, info: u8, lid: LogPageId },
+    AsyncEvent {
+        ty: AsyncEventType,
+        info: u8,
+        lid: LogPageId,
+    },
     /// The association broke; reconnect attempts follow.
     Disconnected { reason: String },
     /// A new association is live (new CNTLID); I/O qpairs reconnect on their threads.
@@ -298,7 +302,11 @@ impl Admin {
                 Some(_) => {}
                 None if now.duration_since(self.last_ka) >= self.kato / 2 => {
                     let mut cmd = Command::keep_alive(0);
-                    if let Some(cid) = self.q.submit(&mut cmd, Data::None).map_err(|f| self.fault(f))? {
+                    if let Some(cid) = self
+                        .q
+                        .submit(&mut cmd, Data::None)
+                        .map_err(|f| self.fault(f))?
+                    {
                         self.ka = Some((cid, now));
                         self.last_ka = now;
                     }
@@ -311,12 +319,20 @@ impl Admin {
 
     /// Runs one admin command to completion (pumping keep-alive and AERs meanwhile). The
     /// completion is returned whatever its status.
-    pub(crate) fn cmd(&mut self, mut cmd: Command, data: AdminData<'_>, what: &str) -> Result<Completion> {
+    pub(crate) fn cmd(
+        &mut self,
+        mut cmd: Command,
+        data: AdminData<'_>,
+        what: &str,
+    ) -> Result<Completion> {
         let timeout = self.timeout;
         let d = match data {
             AdminData::None => Data::None,
             AdminData::In(len) => {
-                assert!(len <= ADMIN_DATA_LEN, "admin transfer above the buffer size");
+                assert!(
+                    len <= ADMIN_DATA_LEN,
+                    "admin transfer above the buffer size"
+                );
                 let sge = self.data.sge(0, len).expect("inside the admin buffer");
                 Data::Keyed {
                     addr: sge.addr,
@@ -325,9 +341,15 @@ impl Admin {
                 }
             }
             AdminData::Out(bytes) => {
-                assert!(bytes.len() <= ADMIN_DATA_LEN, "admin transfer above the buffer size");
+                assert!(
+                    bytes.len() <= ADMIN_DATA_LEN,
+                    "admin transfer above the buffer size"
+                );
                 self.data.write_at(0, bytes);
-                let sge = self.data.sge(0, bytes.len()).expect("inside the admin buffer");
+                let sge = self
+                    .data
+                    .sge(0, bytes.len())
+                    .expect("inside the admin buffer");
                 Data::Keyed {
                     addr: sge.addr,
                     len: bytes.len() as u32,
@@ -371,7 +393,12 @@ impl Admin {
     }
 
     /// Like [`cmd`](Self::cmd), failing on an error status.
-    pub(crate) fn ok(&mut self, cmd: Command, data: AdminData<'_>, what: &str) -> Result<Completion> {
+    pub(crate) fn ok(
+        &mut self,
+        cmd: Command,
+        data: AdminData<'_>,
+        what: &str,
+    ) -> Result<Completion> {
         let rsp = self.cmd(cmd, data, what)?;
         if !rsp.status().is_success() {
             return Err(Error::Command {
@@ -409,7 +436,14 @@ impl Admin {
     }
 
     /// Get Log Page of `len` bytes into a vector, split into buffer-sized pieces.
-    pub(crate) fn get_log(&mut self, nsid: u32, lid: LogPageId, len: usize, max_xfer: u32, what: &str) -> Result<Vec<u8>> {
+    pub(crate) fn get_log(
+        &mut self,
+        nsid: u32,
+        lid: LogPageId,
+        len: usize,
+        max_xfer: u32,
+        what: &str,
+    ) -> Result<Vec<u8>> {
         let chunk = ADMIN_DATA_LEN.min(max_xfer as usize) & !3;
         let mut out = vec![0u8; len];
         let mut off = 0;
@@ -433,16 +467,26 @@ impl Admin {
 }
 
 /// Turns a failed Fabrics Connect into an error naming the likely cause.
-pub(crate) fn connect_error(peer: SocketAddr, qid: u16, subnqn: &str, hostnqn: &str, rsp: &Completion) -> Error {
+pub(crate) fn connect_error(
+    peer: SocketAddr,
+    qid: u16,
+    subnqn: &str,
+    hostnqn: &str,
+    rsp: &Completion,
+) -> Error {
     let status = rsp.status();
     let detail = if status.same_code(Status::CONNECT_INVALID_HOST) {
         format!("host {hostnqn} is not allowed to access the subsystem ({status})")
     } else if status.same_code(Status::CONNECT_INVALID_PARAMETERS) {
         let (in_data, off) = parse_connect_invalid_param_dw0(rsp.dw0.get());
         let field = match (in_data, off) {
-            (true, o) if o == connect_offsets::DATA_SUBNQN => "subsystem NQN (no such subsystem on this port?)".to_string(),
+            (true, o) if o == connect_offsets::DATA_SUBNQN => {
+                "subsystem NQN (no such subsystem on this port?)".to_string()
+            }
             (true, o) if o == connect_offsets::DATA_HOSTNQN => "host NQN".to_string(),
-            (true, o) if o == connect_offsets::DATA_CNTLID => "controller ID (the controller is gone?)".to_string(),
+            (true, o) if o == connect_offsets::DATA_CNTLID => {
+                "controller ID (the controller is gone?)".to_string()
+            }
             (true, o) if o == connect_offsets::DATA_HOSTID => "host ID".to_string(),
             (false, o) if o == connect_offsets::SQE_SQSIZE => "queue size".to_string(),
             (false, o) if o == connect_offsets::SQE_QID => "queue ID".to_string(),
@@ -490,7 +534,11 @@ fn bring_up(
         timeout: opts.connect_timeout.max(Duration::from_secs(1)),
         cc: Cc(0),
     };
-    let kato = if tid.is_discovery() { Duration::ZERO } else { opts.kato };
+    let kato = if tid.is_discovery() {
+        Duration::ZERO
+    } else {
+        opts.kato
+    };
     let kato_ms = u32::try_from(kato.as_millis()).unwrap_or(u32::MAX);
     let connect = ConnectCommand::new(0, 0, ADMIN_QUEUE_DEPTH - 1, kato_ms).to_command();
     let cd = ConnectData::new(host.id, CNTLID_DYNAMIC, &tid.subnqn, &host.nqn);
@@ -511,7 +559,9 @@ fn bring_up(
     loop {
         let csts = Csts(admin.property_get(Property::CSTS, "Property Get CSTS")? as u32);
         if csts.cfs() {
-            return Err(Error::Invalid(format!("{peer}: controller fatal status (CSTS.CFS) during enable")));
+            return Err(Error::Invalid(format!(
+                "{peer}: controller fatal status (CSTS.CFS) during enable"
+            )));
         }
         if csts.rdy() {
             break;
@@ -525,18 +575,35 @@ fn bring_up(
         std::thread::sleep(Duration::from_millis(10));
     }
     let vs = Version(admin.property_get(Property::VS, "Property Get VS")? as u32);
-    admin.ok(Command::identify(0, Cns::CONTROLLER, 0, 0), AdminData::In(4096), "Identify Controller")?;
+    admin.ok(
+        Command::identify(0, Cns::CONTROLLER, 0, 0),
+        AdminData::In(4096),
+        "Identify Controller",
+    )?;
     let mut raw = vec![0u8; 4096];
     admin.read_data(&mut raw);
     let identify = Box::new(IdentifyController::read_from_bytes(&raw).expect("4096 bytes"));
     if identify.cntlid.get() != cntlid {
-        tracing::warn!(connect = cntlid, identify = identify.cntlid.get(), "Identify CNTLID differs from Connect's");
+        tracing::warn!(
+            connect = cntlid,
+            identify = identify.cntlid.get(),
+            "Identify CNTLID differs from Connect's"
+        );
     }
     // Keep-alive starts once the controller is enabled and identified, as Linux starts it
     // when the controller goes live; the bring-up takes far less than KATO.
     admin.kato = kato;
     admin.last_ka = Instant::now();
-    Ok((admin, pd, ControllerInfo { cntlid, cap, vs, identify }))
+    Ok((
+        admin,
+        pd,
+        ControllerInfo {
+            cntlid,
+            cap,
+            vs,
+            identify,
+        },
+    ))
 }
 
 /// A connected NVMe-oF controller.
@@ -559,7 +626,10 @@ impl Controller {
     /// (no I/O queues, no keep-alive, no AER).
     pub fn connect(tid: &TransportId, opts: ControllerOptions) -> Result<Self> {
         let peer = tid.socket_addr()?;
-        let host = HostIdentity::resolve(tid.hostnqn.as_deref().or(opts.hostnqn.as_deref()), opts.hostid);
+        let host = HostIdentity::resolve(
+            tid.hostnqn.as_deref().or(opts.hostnqn.as_deref()),
+            opts.hostid,
+        );
         let (admin, pd, info) = bring_up(peer, tid, &host, &opts, None)?;
         let shared = Arc::new(Shared {
             peer,
@@ -570,7 +640,11 @@ impl Controller {
             generation: AtomicU64::new(0),
             cntlid: AtomicU16::new(info.cntlid),
             reset_requested: AtomicBool::new(false),
-            in_capsule: AtomicU32::new(if opts.in_capsule_data { info.in_capsule_size() } else { 0 }),
+            in_capsule: AtomicU32::new(if opts.in_capsule_data {
+                info.in_capsule_size()
+            } else {
+                0
+            }),
             max_xfer: AtomicU32::new(info.max_transfer()),
             max_io_depth: AtomicU32::new(u32::from(info.cap.mqes()) + 1),
             failure: Mutex::new(None),
@@ -602,7 +676,8 @@ impl Controller {
     }
 
     fn admin(&mut self) -> Result<&mut Admin> {
-        let failure = || Error::ControllerLost("the admin queue is not connected (reconnecting)".into());
+        let failure =
+            || Error::ControllerLost("the admin queue is not connected (reconnecting)".into());
         self.admin.as_mut().ok_or_else(failure)
     }
 
@@ -612,11 +687,17 @@ impl Controller {
             ncq: u32::from(want),
         };
         let cmd = Command::set_features(0, FeatureId::NUMBER_OF_QUEUES, nq.to_dword(), false);
-        let rsp = self.admin()?.ok(cmd, AdminData::None, "Set Features Number of Queues")?;
+        let rsp = self
+            .admin()?
+            .ok(cmd, AdminData::None, "Set Features Number of Queues")?;
         let got = NumberOfQueues::from_dword(rsp.dw0.get());
         let granted = got.nsq.min(got.ncq).min(u32::from(u16::MAX)) as u16;
         if granted < want {
-            tracing::warn!(want, granted, "the controller grants fewer I/O queues than asked for");
+            tracing::warn!(
+                want,
+                granted,
+                "the controller grants fewer I/O queues than asked for"
+            );
         }
         Ok(granted)
     }
@@ -627,7 +708,11 @@ impl Controller {
         let aec = self.info.identify.oaes.get() & AEC_NAMESPACE_ATTRIBUTE;
         if aec != 0 {
             let cmd = Command::set_features(0, FeatureId::ASYNC_EVENT_CONFIGURATION, aec, false);
-            self.admin()?.ok(cmd, AdminData::None, "Set Features Async Event Configuration")?;
+            self.admin()?.ok(
+                cmd,
+                AdminData::None,
+                "Set Features Async Event Configuration",
+            )?;
         }
         self.admin()?.submit_aer();
         Ok(())
@@ -693,7 +778,9 @@ impl Controller {
     /// CAP.MQES + 1).
     pub fn create_io_qpair(&mut self, depth: u16) -> Result<IoQpair> {
         if self.is_discovery() {
-            return Err(Error::Invalid("a discovery controller has no I/O queues".into()));
+            return Err(Error::Invalid(
+                "a discovery controller has no I/O queues".into(),
+            ));
         }
         if self.next_qid > self.granted_io_queues {
             return Err(Error::Invalid(format!(
@@ -701,7 +788,11 @@ impl Controller {
                 self.granted_io_queues
             )));
         }
-        let max = self.shared.max_io_depth.load(Ordering::Relaxed).min(u32::from(u16::MAX)) as u16;
+        let max = self
+            .shared
+            .max_io_depth
+            .load(Ordering::Relaxed)
+            .min(u32::from(u16::MAX)) as u16;
         let depth = depth.clamp(2, max.max(2));
         let qid = self.next_qid;
         let qp = IoQpair::connect(Arc::clone(&self.shared), qid, depth)?;
@@ -710,9 +801,16 @@ impl Controller {
     }
 
     /// Runs an admin command with data from the controller (`data_len` bytes, returned).
-    pub fn admin_read(&mut self, cmd: Command, data_len: usize, what: &str) -> Result<(Completion, Vec<u8>)> {
+    pub fn admin_read(
+        &mut self,
+        cmd: Command,
+        data_len: usize,
+        what: &str,
+    ) -> Result<(Completion, Vec<u8>)> {
         if data_len > ADMIN_DATA_LEN {
-            return Err(Error::Invalid(format!("{what}: {data_len} bytes is above {ADMIN_DATA_LEN}")));
+            return Err(Error::Invalid(format!(
+                "{what}: {data_len} bytes is above {ADMIN_DATA_LEN}"
+            )));
         }
         let admin = self.admin()?;
         let rsp = admin.ok(cmd, AdminData::In(data_len), what)?;
@@ -722,14 +820,25 @@ impl Controller {
     }
 
     /// Runs an admin command without data, or with data to the controller.
-    pub fn admin_write(&mut self, cmd: Command, data: Option<&[u8]>, what: &str) -> Result<Completion> {
+    pub fn admin_write(
+        &mut self,
+        cmd: Command,
+        data: Option<&[u8]>,
+        what: &str,
+    ) -> Result<Completion> {
         let d = data.map_or(AdminData::None, AdminData::Out);
         self.admin()?.ok(cmd, d, what)
     }
 
     pub fn identify_namespace(&mut self, nsid: u32) -> Result<Box<IdentifyNamespace>> {
-        let (_, raw) = self.admin_read(Command::identify(0, Cns::NAMESPACE, nsid, 0), 4096, "Identify Namespace")?;
-        Ok(Box::new(IdentifyNamespace::read_from_bytes(&raw).expect("4096 bytes")))
+        let (_, raw) = self.admin_read(
+            Command::identify(0, Cns::NAMESPACE, nsid, 0),
+            4096,
+            "Identify Namespace",
+        )?;
+        Ok(Box::new(
+            IdentifyNamespace::read_from_bytes(&raw).expect("4096 bytes"),
+        ))
     }
 
     /// Active namespace IDs (Identify CNS 02h, all pages).
@@ -800,7 +909,9 @@ impl Controller {
         }
         let events = std::mem::take(&mut self.events);
         match self.shared.state() {
-            STATE_FAILED | STATE_DELETED if events.is_empty() => Err(Error::ControllerLost(self.shared.failure())),
+            STATE_FAILED | STATE_DELETED if events.is_empty() => {
+                Err(Error::ControllerLost(self.shared.failure()))
+            }
             _ => Ok(events),
         }
     }
@@ -826,21 +937,31 @@ impl Controller {
         let admin = self.admin()?;
         if ty == AsyncEventType::NOTICE && info == AsyncNotice::NAMESPACE_ATTRIBUTE_CHANGED.0 {
             // Reading the Changed Namespace List clears the event, so it can fire again.
-            let raw = admin.get_log(0xFFFF_FFFF, LogPageId::CHANGED_NAMESPACE_LIST, 4096, max, "Get Log Page Changed Namespace List")?;
+            let raw = admin.get_log(
+                0xFFFF_FFFF,
+                LogPageId::CHANGED_NAMESPACE_LIST,
+                4096,
+                max,
+                "Get Log Page Changed Namespace List",
+            )?;
             let nsids = raw
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .take_while(|&id| id != 0)
                 .collect();
             tracing::info!(?nsids, "namespace attributes changed");
-            self.events.push(ControllerEvent::NamespaceChanged { nsids });
+            self.events
+                .push(ControllerEvent::NamespaceChanged { nsids });
         } else {
             if lid.0 != 0 {
-                if let Err(e) = admin.get_log(0xFFFF_FFFF, lid, 512, max, "Get Log Page (async event)") {
+                if let Err(e) =
+                    admin.get_log(0xFFFF_FFFF, lid, 512, max, "Get Log Page (async event)")
+                {
                     tracing::warn!("reading log page {lid:?} for an async event failed: {e}");
                 }
             }
-            self.events.push(ControllerEvent::AsyncEvent { ty, info, lid });
+            self.events
+                .push(ControllerEvent::AsyncEvent { ty, info, lid });
         }
         self.admin()?.submit_aer();
         Ok(())
@@ -848,7 +969,11 @@ impl Controller {
 
     fn fail(&mut self, reason: String) {
         tracing::error!("controller {} lost: {reason}", self.shared.peer);
-        *self.shared.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+        *self
+            .shared
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(reason);
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         self.shared.state.store(STATE_FAILED, Ordering::Release);
     }
@@ -862,8 +987,15 @@ impl Controller {
             self.fail(reason);
             return;
         }
-        let delay = self.shared.opts.reconnect.map_or(Duration::ZERO, |r| r.delay);
-        tracing::warn!("controller {}: {reason}; reconnecting every {delay:?}", self.shared.peer);
+        let delay = self
+            .shared
+            .opts
+            .reconnect
+            .map_or(Duration::ZERO, |r| r.delay);
+        tracing::warn!(
+            "controller {}: {reason}; reconnecting every {delay:?}",
+            self.shared.peer
+        );
         self.lost_at.get_or_insert_with(Instant::now);
         self.next_attempt = Instant::now() + delay;
         self.shared.state.store(STATE_RESETTING, Ordering::Release);
@@ -872,10 +1004,15 @@ impl Controller {
     }
 
     fn try_reconnect(&mut self) {
-        let Some(policy) = self.shared.opts.reconnect else { return };
+        let Some(policy) = self.shared.opts.reconnect else {
+            return;
+        };
         let lost = self.lost_at.map_or(Duration::ZERO, |t| t.elapsed());
         if policy.ctrl_loss_tmo.is_some_and(|tmo| lost >= tmo) {
-            self.fail(format!("not reconnected within ctrl_loss_tmo ({:?})", policy.ctrl_loss_tmo.unwrap_or_default()));
+            self.fail(format!(
+                "not reconnected within ctrl_loss_tmo ({:?})",
+                policy.ctrl_loss_tmo.unwrap_or_default()
+            ));
             return;
         }
         let s = Arc::clone(&self.shared);
@@ -886,16 +1023,24 @@ impl Controller {
                 let used = self.next_qid - 1;
                 let result = self.set_queue_count(used.max(1)).and_then(|granted| {
                     if granted < used {
-                        return Err(Error::Invalid(format!("the controller now grants {granted} I/O queues, {used} are in use")));
+                        return Err(Error::Invalid(format!(
+                            "the controller now grants {granted} I/O queues, {used} are in use"
+                        )));
                     }
                     Ok(granted)
                 });
                 self.info = info;
                 self.shared.in_capsule.store(
-                    if s.opts.in_capsule_data { self.info.in_capsule_size() } else { 0 },
+                    if s.opts.in_capsule_data {
+                        self.info.in_capsule_size()
+                    } else {
+                        0
+                    },
                     Ordering::Relaxed,
                 );
-                self.shared.max_xfer.store(self.info.max_transfer(), Ordering::Relaxed);
+                self.shared
+                    .max_xfer
+                    .store(self.info.max_transfer(), Ordering::Relaxed);
                 let result = result.and_then(|_| self.enable_async_events());
                 if let Err(e) = result {
                     tracing::warn!("reconnect to {}: {e}", s.peer);
@@ -908,11 +1053,18 @@ impl Controller {
                 s.cntlid.store(cntlid, Ordering::Release);
                 self.lost_at = None;
                 s.state.store(STATE_LIVE, Ordering::Release);
-                tracing::info!("controller {} reconnected after {lost:?}, cntlid {cntlid}", s.peer);
+                tracing::info!(
+                    "controller {} reconnected after {lost:?}, cntlid {cntlid}",
+                    s.peer
+                );
                 self.events.push(ControllerEvent::Reconnected { cntlid });
             }
             Err(e) => {
-                tracing::warn!("reconnect to {} failed: {e}; next attempt in {:?}", s.peer, policy.delay);
+                tracing::warn!(
+                    "reconnect to {} failed: {e}; next attempt in {:?}",
+                    s.peer,
+                    policy.delay
+                );
                 self.next_attempt = Instant::now() + policy.delay;
             }
         }
@@ -1020,7 +1172,10 @@ mod tests {
     fn connect_errors_name_the_cause() {
         let peer: SocketAddr = "10.0.0.1:4420".parse().unwrap();
         let mut rsp = Completion::new(0, Status::CONNECT_INVALID_PARAMETERS.with_dnr());
-        rsp.dw0.set(connect_invalid_param_dw0(true, connect_offsets::DATA_SUBNQN));
+        rsp.dw0.set(connect_invalid_param_dw0(
+            true,
+            connect_offsets::DATA_SUBNQN,
+        ));
         let e = connect_error(peer, 0, "nqn.x", "nqn.h", &rsp);
         assert!(e.to_string().contains("no such subsystem"), "{e}");
         assert!(!e.is_retryable());

@@ -85,9 +85,14 @@ pub fn parse_log(raw: &[u8]) -> Result<DiscoveryLog> {
     for i in 0..numrec {
         let off = HEADER_LEN + i * ENTRY_LEN;
         let Some(bytes) = raw.get(off..off + ENTRY_LEN) else {
-            return Err(Error::Invalid(format!("discovery log has {numrec} records but only {} bytes", raw.len())));
+            return Err(Error::Invalid(format!(
+                "discovery log has {numrec} records but only {} bytes",
+                raw.len()
+            )));
         };
-        entries.push(DiscoveryEntry::parse(&DiscoveryLogEntry::read_from_bytes(bytes).expect("1024 bytes")));
+        entries.push(DiscoveryEntry::parse(
+            &DiscoveryLogEntry::read_from_bytes(bytes).expect("1024 bytes"),
+        ));
     }
     Ok(DiscoveryLog {
         genctr: hdr.genctr.get(),
@@ -102,7 +107,9 @@ pub fn read_discovery_log(ctrl: &mut Controller) -> Result<DiscoveryLog> {
         let (h, _) = DiscoveryLogHeader::read_from_prefix(&hdr).expect("1024 bytes");
         let (genctr, numrec) = (h.genctr.get(), h.numrec.get() as usize);
         if numrec > 4096 {
-            return Err(Error::Invalid(format!("discovery log claims {numrec} records")));
+            return Err(Error::Invalid(format!(
+                "discovery log claims {numrec} records"
+            )));
         }
         let raw = ctrl.get_log_page(0, LogPageId::DISCOVERY, HEADER_LEN + numrec * ENTRY_LEN)?;
         let again = ctrl.get_log_page(0, LogPageId::DISCOVERY, HEADER_LEN)?;
@@ -113,7 +120,9 @@ pub fn read_discovery_log(ctrl: &mut Controller) -> Result<DiscoveryLog> {
             return Ok(log);
         }
     }
-    Err(Error::Invalid(format!("the discovery log kept changing ({MAX_RETRIES} tries)")))
+    Err(Error::Invalid(format!(
+        "the discovery log kept changing ({MAX_RETRIES} tries)"
+    )))
 }
 
 /// Connects to the discovery subsystem at `tid`'s address, reads the log, disconnects.
@@ -142,7 +151,13 @@ mod tests {
         hdr.genctr.set(7);
         hdr.numrec.set(2);
         let mut raw = hdr.as_bytes().to_vec();
-        for (i, nqn) in ["nqn.2014-08.org.nvmexpress.discovery", "nqn.2016-06.io.spdk:cnode1"].iter().enumerate() {
+        for (i, nqn) in [
+            "nqn.2014-08.org.nvmexpress.discovery",
+            "nqn.2016-06.io.spdk:cnode1",
+        ]
+        .iter()
+        .enumerate()
+        {
             let mut e = DiscoveryLogEntry::new_zeroed();
             e.trtype = 1;
             e.adrfam = 1;

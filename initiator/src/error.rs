@@ -92,7 +92,11 @@ impl Error {
 /// Why a queue stopped working; turned into [`Error::Transport`] with the queue's address.
 #[derive(Debug, Clone)]
 pub(crate) enum QueueFault {
-    Wc { status: WcStatus, recv: bool, vendor: u32 },
+    Wc {
+        status: WcStatus,
+        recv: bool,
+        vendor: u32,
+    },
     CmEvent(String),
     Protocol(String),
     Verb(String),

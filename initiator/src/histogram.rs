@@ -171,9 +171,21 @@ mod tests {
         assert_eq!(h.max(), 10_000_000);
         assert!((h.mean() - 5_000_500.0).abs() < 1.0);
         let close = |got: u64, want: f64| (got as f64 - want).abs() / want < 0.01;
-        assert!(close(h.percentile(50.0), 5_000_000.0), "{}", h.percentile(50.0));
-        assert!(close(h.percentile(99.0), 9_900_000.0), "{}", h.percentile(99.0));
-        assert!(close(h.percentile(99.9), 9_990_000.0), "{}", h.percentile(99.9));
+        assert!(
+            close(h.percentile(50.0), 5_000_000.0),
+            "{}",
+            h.percentile(50.0)
+        );
+        assert!(
+            close(h.percentile(99.0), 9_900_000.0),
+            "{}",
+            h.percentile(99.0)
+        );
+        assert!(
+            close(h.percentile(99.9), 9_990_000.0),
+            "{}",
+            h.percentile(99.9)
+        );
         assert_eq!(h.percentile(100.0), 10_000_000);
         assert_eq!(Histogram::new().percentile(50.0), 0);
     }

@@ -188,7 +188,13 @@ pub struct IoQpair {
 /// Connect with the controller's current CNTLID.
 fn connect_queue(shared: &Shared, qid: u16, depth: u16) -> Result<RdmaQueue> {
     let opts = &shared.opts;
-    let (mut q, _) = RdmaQueue::connect(shared.peer, Some(&shared.pd), qid, depth, opts.connect_timeout)?;
+    let (mut q, _) = RdmaQueue::connect(
+        shared.peer,
+        Some(&shared.pd),
+        qid,
+        depth,
+        opts.connect_timeout,
+    )?;
     let cntlid = shared.cntlid.load(Ordering::Acquire);
     let cd = ConnectData::new(shared.host.id, cntlid, &shared.tid.subnqn, &shared.host.nqn);
     let mut buf = DmaBuf::new(&shared.pd, cd.as_bytes().len(), AccessFlags::ALL_DATA)
@@ -203,7 +209,13 @@ fn connect_queue(shared: &Shared, qid: u16, depth: u16) -> Result<RdmaQueue> {
     let mut cmd = ConnectCommand::new(0, qid, depth - 1, 0).to_command();
     let rsp = q.run_sync(&mut cmd, data, opts.connect_timeout, "Connect")?;
     if !rsp.status().is_success() {
-        return Err(connect_error(shared.peer, qid, &shared.tid.subnqn, &shared.host.nqn, &rsp));
+        return Err(connect_error(
+            shared.peer,
+            qid,
+            &shared.tid.subnqn,
+            &shared.host.nqn,
+            &rsp,
+        ));
     }
     Ok(q)
 }
@@ -268,34 +280,94 @@ impl IoQpair {
     }
 
     /// Read `nlb` blocks at `slba` into `buf` (`buf.len()` bytes are transferred).
-    pub fn read(&mut self, nsid: u32, slba: u64, nlb: u32, buf: IoBuf, tag: u64) -> Result<(), SubmitError> {
+    pub fn read(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        tag: u64,
+    ) -> Result<(), SubmitError> {
         if !(1..=0x1_0000).contains(&nlb) {
-            return Err(SubmitError { kind: SubmitErrorKind::Invalid, buf: Some(buf) });
+            return Err(SubmitError {
+                kind: SubmitErrorKind::Invalid,
+                buf: Some(buf),
+            });
         }
-        self.submit(Command::read(0, nsid, slba, nlb), Some(buf), DataDir::FromController, tag)
+        self.submit(
+            Command::read(0, nsid, slba, nlb),
+            Some(buf),
+            DataDir::FromController,
+            tag,
+        )
     }
 
     /// Write `nlb` blocks at `slba` from `buf`.
-    pub fn write(&mut self, nsid: u32, slba: u64, nlb: u32, buf: IoBuf, tag: u64) -> Result<(), SubmitError> {
+    pub fn write(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        tag: u64,
+    ) -> Result<(), SubmitError> {
         if !(1..=0x1_0000).contains(&nlb) {
-            return Err(SubmitError { kind: SubmitErrorKind::Invalid, buf: Some(buf) });
+            return Err(SubmitError {
+                kind: SubmitErrorKind::Invalid,
+                buf: Some(buf),
+            });
         }
-        self.submit(Command::write(0, nsid, slba, nlb), Some(buf), DataDir::ToController, tag)
+        self.submit(
+            Command::write(0, nsid, slba, nlb),
+            Some(buf),
+            DataDir::ToController,
+            tag,
+        )
     }
 
     /// Compare `nlb` blocks at `slba` with `buf` (a mismatch completes with Compare Failure).
-    pub fn compare(&mut self, nsid: u32, slba: u64, nlb: u32, buf: IoBuf, tag: u64) -> Result<(), SubmitError> {
+    pub fn compare(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        tag: u64,
+    ) -> Result<(), SubmitError> {
         if !(1..=0x1_0000).contains(&nlb) {
-            return Err(SubmitError { kind: SubmitErrorKind::Invalid, buf: Some(buf) });
+            return Err(SubmitError {
+                kind: SubmitErrorKind::Invalid,
+                buf: Some(buf),
+            });
         }
-        self.submit(Command::compare(0, nsid, slba, nlb), Some(buf), DataDir::ToController, tag)
+        self.submit(
+            Command::compare(0, nsid, slba, nlb),
+            Some(buf),
+            DataDir::ToController,
+            tag,
+        )
     }
 
-    pub fn write_zeroes(&mut self, nsid: u32, slba: u64, nlb: u32, deallocate: bool, tag: u64) -> Result<(), SubmitError> {
+    pub fn write_zeroes(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        deallocate: bool,
+        tag: u64,
+    ) -> Result<(), SubmitError> {
         if !(1..=0x1_0000).contains(&nlb) {
-            return Err(SubmitError { kind: SubmitErrorKind::Invalid, buf: None });
+            return Err(SubmitError {
+                kind: SubmitErrorKind::Invalid,
+                buf: None,
+            });
         }
-        self.submit(Command::write_zeroes(0, nsid, slba, nlb, deallocate), None, DataDir::None, tag)
+        self.submit(
+            Command::write_zeroes(0, nsid, slba, nlb, deallocate),
+            None,
+            DataDir::None,
+            tag,
+        )
     }
 
     pub fn flush(&mut self, nsid: u32, tag: u64) -> Result<(), SubmitError> {
@@ -304,30 +376,61 @@ impl IoQpair {
 
     /// Dataset Management over `nr` ranges (16-byte `DsmRange` entries at the start of `buf`,
     /// whose length must be `nr * 16`).
-    pub fn dataset_management(&mut self, nsid: u32, nr: u32, deallocate: bool, buf: IoBuf, tag: u64) -> Result<(), SubmitError> {
+    pub fn dataset_management(
+        &mut self,
+        nsid: u32,
+        nr: u32,
+        deallocate: bool,
+        buf: IoBuf,
+        tag: u64,
+    ) -> Result<(), SubmitError> {
         if !(1..=256).contains(&nr) || buf.len() != nr as usize * 16 {
-            return Err(SubmitError { kind: SubmitErrorKind::Invalid, buf: Some(buf) });
+            return Err(SubmitError {
+                kind: SubmitErrorKind::Invalid,
+                buf: Some(buf),
+            });
         }
-        self.submit(Command::dsm(0, nsid, nr, deallocate), Some(buf), DataDir::ToController, tag)
+        self.submit(
+            Command::dsm(0, nsid, nr, deallocate),
+            Some(buf),
+            DataDir::ToController,
+            tag,
+        )
     }
 
     /// Submits any I/O command; its data is `buf` (all of `buf.len()`), moving in `dir`. The
     /// CID and the data pointer are filled in here.
-    pub fn submit(&mut self, cmd: Command, buf: Option<IoBuf>, dir: DataDir, tag: u64) -> Result<(), SubmitError> {
+    pub fn submit(
+        &mut self,
+        cmd: Command,
+        buf: Option<IoBuf>,
+        dir: DataDir,
+        tag: u64,
+    ) -> Result<(), SubmitError> {
         if self.state == QpairState::Failed {
-            return Err(SubmitError { kind: SubmitErrorKind::Failed, buf });
+            return Err(SubmitError {
+                kind: SubmitErrorKind::Failed,
+                buf,
+            });
         }
         if let Some(b) = &buf {
             if b.len() > self.max_xfer as usize || b.is_empty() {
                 return Err(SubmitError {
-                    kind: if b.is_empty() { SubmitErrorKind::Invalid } else { SubmitErrorKind::TooLarge },
+                    kind: if b.is_empty() {
+                        SubmitErrorKind::Invalid
+                    } else {
+                        SubmitErrorKind::TooLarge
+                    },
                     buf,
                 });
             }
         }
         let inflight = usize::from(self.queue.as_ref().map_or(0, |q| q.outstanding() as u16));
         if inflight + self.requeue.len() >= usize::from(self.depth) {
-            return Err(SubmitError { kind: SubmitErrorKind::QueueFull, buf });
+            return Err(SubmitError {
+                kind: SubmitErrorKind::QueueFull,
+                buf,
+            });
         }
         let io = Io {
             tag,
@@ -338,7 +441,8 @@ impl IoQpair {
             retries: 0,
         };
         self.stats.submitted += 1;
-        if self.state == QpairState::Live && self.requeue.is_empty() && self.pending_fault.is_none() {
+        if self.state == QpairState::Live && self.requeue.is_empty() && self.pending_fault.is_none()
+        {
             if let Err(io) = self.post(io) {
                 self.requeue.push_back(io);
             }
@@ -351,14 +455,18 @@ impl IoQpair {
     /// Sends `io` on the live queue; gives it back when no slot is free or the post failed
     /// (then the fault is handled by the next poll).
     fn post(&mut self, mut io: Io) -> Result<(), Io> {
-        let Some(q) = self.queue.as_mut() else { return Err(io) };
+        let Some(q) = self.queue.as_mut() else {
+            return Err(io);
+        };
         let data = match (&io.buf, io.dir) {
             (None, _) | (_, DataDir::None) => Data::None,
-            (Some(b), DataDir::ToController) if b.len() as u64 <= u64::from(self.in_capsule) => Data::InCapsule(Sge {
-                addr: b.addr(),
-                length: b.len() as u32,
-                lkey: b.lkey(),
-            }),
+            (Some(b), DataDir::ToController) if b.len() as u64 <= u64::from(self.in_capsule) => {
+                Data::InCapsule(Sge {
+                    addr: b.addr(),
+                    length: b.len() as u32,
+                    lkey: b.lkey(),
+                })
+            }
             (Some(b), _) => Data::Keyed {
                 addr: b.addr(),
                 len: b.len() as u32,
@@ -395,7 +503,11 @@ impl IoQpair {
 
     /// [`poll`](Self::poll) with a callback; the callback cannot submit (use `poll` with a
     /// vector for that).
-    pub fn poll_with(&mut self, out: &mut Vec<IoCompletion>, mut f: impl FnMut(IoCompletion)) -> usize {
+    pub fn poll_with(
+        &mut self,
+        out: &mut Vec<IoCompletion>,
+        mut f: impl FnMut(IoCompletion),
+    ) -> usize {
         let n = self.poll(out);
         for c in out.drain(..) {
             f(c);
@@ -417,7 +529,9 @@ impl IoQpair {
             Err(f) => return self.teardown(Teardown::Fault(f), out),
         };
         for &(cid, cqe) in &self.raw[..n] {
-            let io = self.ios[usize::from(cid)].take().expect("the queue only completes outstanding CIDs");
+            let io = self.ios[usize::from(cid)]
+                .take()
+                .expect("the queue only completes outstanding CIDs");
             out.push(IoCompletion {
                 tag: io.tag,
                 status: IoStatus::Nvme(cqe.status()),
@@ -426,24 +540,29 @@ impl IoQpair {
             });
         }
         // Commands that waited for a slot.
-        while !self.requeue.is_empty() && self.queue.as_ref().is_some_and(RdmaQueue::has_free_slot) {
+        while !self.requeue.is_empty() && self.queue.as_ref().is_some_and(RdmaQueue::has_free_slot)
+        {
             let io = self.requeue.pop_front().expect("not empty");
             if let Err(io) = self.post(io) {
                 self.requeue.push_front(io);
                 break;
             }
         }
-        if n == 0 {
-            let now = Instant::now();
-            if now >= self.next_scan {
-                self.next_scan = now + TIMEOUT_SCAN;
-                if let Some(f) = self.queue.as_ref().and_then(RdmaQueue::check_cm) {
-                    return self.teardown(Teardown::Fault(f), out);
-                }
-                let timeout = self.shared.opts.io_timeout;
-                if let Some(cid) = find_expired(self.ios.iter().map(|i| i.as_ref().map(|io| io.submitted)), now, timeout) {
-                    return self.teardown(Teardown::Timeout(cid as u16), out);
-                }
+        // On the clock, busy or not: one stuck command among many moving ones must still
+        // time out.
+        let now = Instant::now();
+        if now >= self.next_scan {
+            self.next_scan = now + TIMEOUT_SCAN;
+            if let Some(f) = self.queue.as_ref().and_then(RdmaQueue::check_cm) {
+                return self.teardown(Teardown::Fault(f), out);
+            }
+            let timeout = self.shared.opts.io_timeout;
+            if let Some(cid) = find_expired(
+                self.ios.iter().map(|i| i.as_ref().map(|io| io.submitted)),
+                now,
+                timeout,
+            ) {
+                self.teardown(Teardown::Timeout(cid as u16), out);
             }
         }
     }
@@ -529,7 +648,11 @@ impl IoQpair {
         self.gen = gen;
         match connect_queue(&self.shared, self.qid, self.depth) {
             Ok(q) => {
-                tracing::info!(qid = self.qid, "I/O queue reconnected; resubmitting {} commands", self.requeue.len());
+                tracing::info!(
+                    qid = self.qid,
+                    "I/O queue reconnected; resubmitting {} commands",
+                    self.requeue.len()
+                );
                 self.queue = Some(q);
                 self.in_capsule = self.shared.in_capsule.load(Ordering::Relaxed);
                 self.max_xfer = self.shared.max_xfer.load(Ordering::Relaxed);

@@ -47,7 +47,11 @@ pub(crate) enum Data {
     /// Host memory the target reaches with RDMA READ / WRITE under `rkey`. Always the plain
     /// ADDRESS subtype: our buffers live in one long-lived registration per pool, whose key
     /// must never be invalidated (see the crate docs).
-    Keyed { addr: u64, len: u32, rkey: u32 },
+    Keyed {
+        addr: u64,
+        len: u32,
+        rkey: u32,
+    },
     /// Data sent inside the command capsule, right after the SQE.
     InCapsule(Sge),
 }
@@ -175,17 +179,34 @@ impl RdmaQueue {
             return Err(Error::Invalid(format!("queue depth {depth} is below 2")));
         }
         let ch = EventChannel::new().map_err(|e| Error::rdma("rdma_create_event_channel", e))?;
-        let id = ch.create_id().map_err(|e| Error::rdma("rdma_create_id", e))?;
-        id.resolve_addr(None, peer, timeout).map_err(|e| Error::Unreachable {
-            addr: peer,
-            detail: e.to_string(),
-        })?;
-        cm_wait(&ch, CmEventKind::AddrResolved, timeout + Duration::from_secs(1), peer, qid, "address resolution")?;
+        let id = ch
+            .create_id()
+            .map_err(|e| Error::rdma("rdma_create_id", e))?;
+        id.resolve_addr(None, peer, timeout)
+            .map_err(|e| Error::Unreachable {
+                addr: peer,
+                detail: e.to_string(),
+            })?;
+        cm_wait(
+            &ch,
+            CmEventKind::AddrResolved,
+            timeout + Duration::from_secs(1),
+            peer,
+            qid,
+            "address resolution",
+        )?;
         id.resolve_route(timeout).map_err(|e| Error::Unreachable {
             addr: peer,
             detail: e.to_string(),
         })?;
-        cm_wait(&ch, CmEventKind::RouteResolved, timeout + Duration::from_secs(1), peer, qid, "route resolution")?;
+        cm_wait(
+            &ch,
+            CmEventKind::RouteResolved,
+            timeout + Duration::from_secs(1),
+            peer,
+            qid,
+            "route resolution",
+        )?;
         let ctx = id.context().map_err(|e| Error::Unreachable {
             addr: peer,
             detail: format!("no RDMA device on the route: {e}"),
@@ -202,7 +223,8 @@ impl RdmaQueue {
             None => ProtectionDomain::new(&ctx).map_err(|e| Error::rdma("ibv_alloc_pd", e))?,
         };
         let n = u32::from(depth);
-        let cq = CompletionQueue::new(&ctx, 2 * n + 8).map_err(|e| Error::rdma("ibv_create_cq", e))?;
+        let cq =
+            CompletionQueue::new(&ctx, 2 * n + 8).map_err(|e| Error::rdma("ibv_create_cq", e))?;
         let qp = id
             .create_qp(
                 &pd,
@@ -238,7 +260,8 @@ impl RdmaQueue {
             disconnected: false,
         };
         let all: Vec<u16> = (0..depth).collect();
-        q.post_recvs(&all).map_err(|e| Error::rdma("posting receives", e))?;
+        q.post_recvs(&all)
+            .map_err(|e| Error::rdma("posting receives", e))?;
 
         let req = connect_private_data(qid, depth);
         q.id.connect(&ConnParams {
@@ -248,7 +271,14 @@ impl RdmaQueue {
             ..ConnParams::default()
         })
         .map_err(|e| Error::rdma(format!("rdma_connect to {peer}"), e))?;
-        let ev = cm_wait(&q.ch, CmEventKind::Established, timeout, peer, qid, "connection")?;
+        let ev = cm_wait(
+            &q.ch,
+            CmEventKind::Established,
+            timeout,
+            peer,
+            qid,
+            "connection",
+        )?;
         let crqsize = RdmaCmAccept::read_from_prefix(&ev.private_data)
             .map(|(a, _)| a.crqsize.get())
             .unwrap_or(0);
@@ -322,11 +352,16 @@ impl RdmaQueue {
         let off = usize::from(cid) * SQE_LEN;
         self.cmds.write_at(off, cmd.as_bytes());
         let sges = [
-            self.cmds.sge(off, SQE_LEN).expect("command slot inside its buffer"),
+            self.cmds
+                .sge(off, SQE_LEN)
+                .expect("command slot inside its buffer"),
             data_sge.unwrap_or_default(),
         ];
         let n = 1 + usize::from(data_sge.is_some());
-        if let Err(e) = self.qp.post_send(&[SendWr::send(u64::from(cid), &sges[..n])]) {
+        if let Err(e) = self
+            .qp
+            .post_send(&[SendWr::send(u64::from(cid), &sges[..n])])
+        {
             self.free.push(cid);
             return Err(QueueFault::Verb(e.to_string()));
         }
@@ -417,7 +452,9 @@ impl RdmaQueue {
             match rsp {
                 Some(cqe) => {
                     if slot.rsp.is_some() {
-                        return Err(QueueFault::Protocol(format!("second response for CID {cid}")));
+                        return Err(QueueFault::Protocol(format!(
+                            "second response for CID {cid}"
+                        )));
                     }
                     slot.rsp = Some(cqe);
                 }
@@ -535,17 +572,30 @@ mod tests {
 
     #[test]
     fn reject_data_parses_with_padding() {
-        let mut pd = RdmaCmReject::new(RdmaCmRejectStatus::INVALID_HSQSIZE).as_bytes().to_vec();
+        let mut pd = RdmaCmReject::new(RdmaCmRejectStatus::INVALID_HSQSIZE)
+            .as_bytes()
+            .to_vec();
         pd.resize(148, 0);
         assert_eq!(parse_reject(&pd), Some(RdmaCmRejectStatus::INVALID_HSQSIZE));
-        assert_eq!(parse_reject(&[0u8; 148]), None, "all zero is no reject record");
+        assert_eq!(
+            parse_reject(&[0u8; 148]),
+            None,
+            "all zero is no reject record"
+        );
         assert_eq!(parse_reject(&[]), None);
         let peer: SocketAddr = "10.0.0.1:4420".parse().unwrap();
         let e = cm_failure(peer, 0, "connection", CmEventKind::Rejected, 28, &pd);
         assert!(e.to_string().contains("INVALID_HSQSIZE"), "{e}");
         let e = cm_failure(peer, 0, "connection", CmEventKind::Rejected, 8, &[0; 148]);
         assert!(matches!(e, Error::Refused { .. }), "{e}");
-        let e = cm_failure(peer, 0, "address resolution", CmEventKind::AddrError, -110, &[]);
+        let e = cm_failure(
+            peer,
+            0,
+            "address resolution",
+            CmEventKind::AddrError,
+            -110,
+            &[],
+        );
         assert!(matches!(e, Error::Unreachable { .. }), "{e}");
     }
 }

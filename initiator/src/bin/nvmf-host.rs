@@ -2,7 +2,7 @@
 //! close to nvme-cli's (`nvme discover`, `id-ctrl`, `id-ns`, `smart-log`, `get-log`), plus
 //! block-range read / write to and from a file.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -16,13 +16,16 @@ use nvmf_initiator::{discover, Controller, ControllerOptions, IoCompletion, Tran
 use zerocopy::FromBytes;
 
 #[derive(Parser, Debug)]
-#[command(name = "nvmf-host", about = "NVMe-oF (RDMA) host tool: discover, identify, logs, block read/write")]
+#[command(
+    name = "nvmf-host",
+    about = "NVMe-oF (RDMA) host tool: discover, identify, logs, block read/write"
+)]
 struct Cli {
     /// Host NQN (default: /etc/nvme/hostnqn or a generated one).
     #[arg(long, global = true)]
     hostnqn: Option<String>,
     /// Seconds allowed for each connection step.
-    #[arg(long, global = true, default_value_t = 5)]
+    #[arg(long, global = true, default_value_t = 10)]
     connect_timeout: u64,
     #[command(subcommand)]
     cmd: Cmd,
@@ -186,8 +189,13 @@ fn disconnect(ctrl: Controller) {
 
 fn cmd_discover(cli: &Cli, r: &str) -> anyhow::Result<()> {
     let t = tid(r, cli)?;
-    let log = discover(&t, &opts(cli, 0)).with_context(|| format!("discovery at {}:{}", t.traddr, t.trsvcid))?;
-    println!("\nDiscovery Log Number of Records {}, Generation counter {}", log.entries.len(), log.genctr);
+    let log = discover(&t, &opts(cli, 0))
+        .with_context(|| format!("discovery at {}:{}", t.traddr, t.trsvcid))?;
+    println!(
+        "\nDiscovery Log Number of Records {}, Generation counter {}",
+        log.entries.len(),
+        log.genctr
+    );
     for (i, e) in log.entries.iter().enumerate() {
         println!("=====Discovery Log Entry {i}======");
         println!("trtype:  {}", trtype_str(e.trtype));
@@ -198,7 +206,14 @@ fn cmd_discover(cli: &Cli, r: &str) -> anyhow::Result<()> {
         println!("trsvcid: {}", e.trsvcid);
         println!("subnqn:  {}", e.subnqn);
         println!("traddr:  {}", e.traddr);
-        println!("eflags:  {}", if e.eflags == 0 { "none".to_string() } else { format!("{:#x}", e.eflags) });
+        println!(
+            "eflags:  {}",
+            if e.eflags == 0 {
+                "none".to_string()
+            } else {
+                format!("{:#x}", e.eflags)
+            }
+        );
         if e.trtype == 1 {
             let prtype = match e.rdma_prtype {
                 1 => "not specified",
@@ -213,7 +228,11 @@ fn cmd_discover(cli: &Cli, r: &str) -> anyhow::Result<()> {
                 2 => "datagram",
                 _ => "unrecognized",
             };
-            let cms = if e.rdma_cms == 1 { "rdma-cm" } else { "unrecognized" };
+            let cms = if e.rdma_cms == 1 {
+                "rdma-cm"
+            } else {
+                "unrecognized"
+            };
             println!("rdma_prtype: {prtype}");
             println!("rdma_qptype: {qptype}");
             println!("rdma_cms:    {cms}");
@@ -236,7 +255,10 @@ fn print_id_ctrl(id: &IdentifyController) {
     f!("mn", format!("{:<40}", ascii_str(&id.mn)));
     f!("fr", format!("{:<8}", ascii_str(&id.fr)));
     f!("rab", id.rab);
-    f!("ieee", format!("{:02x}{:02x}{:02x}", id.ieee[2], id.ieee[1], id.ieee[0]));
+    f!(
+        "ieee",
+        format!("{:02x}{:02x}{:02x}", id.ieee[2], id.ieee[1], id.ieee[0])
+    );
     f!("cmic", id.cmic);
     f!("mdts", id.mdts);
     f!("cntlid", format!("{:#x}", id.cntlid.get()));
@@ -304,8 +326,20 @@ fn print_id_ns(nsid: u32, ns: &IdentifyNamespace) {
     f!("nsattr", ns.nsattr);
     f!("nvmsetid", ns.nvmsetid.get());
     f!("endgid", ns.endgid.get());
-    f!("nguid", ns.nguid.iter().map(|b| format!("{b:02x}")).collect::<String>());
-    f!("eui64", ns.eui64.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    f!(
+        "nguid",
+        ns.nguid
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    f!(
+        "eui64",
+        ns.eui64
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
     let cur = (ns.flbas & 0xF) | ((ns.flbas >> 1) & 0x30);
     for (i, l) in ns.lbaf.iter().enumerate().take(usize::from(ns.nlbaf) + 1) {
         println!(
@@ -313,7 +347,11 @@ fn print_id_ns(nsid: u32, ns: &IdentifyNamespace) {
             l.ms.get(),
             l.lbads,
             l.rp & 3,
-            if i == usize::from(cur) { "(in use)" } else { "" }
+            if i == usize::from(cur) {
+                "(in use)"
+            } else {
+                ""
+            }
         );
     }
 }
@@ -341,7 +379,13 @@ fn cmd_rw(cli: &Cli, a: &Rw, write: bool) -> anyhow::Result<()> {
         .with_context(|| format!("namespace {} is not active", a.nsid))?;
     let end = a.slba.checked_add(a.count).filter(|&e| e <= ns.blocks);
     if end.is_none() {
-        bail!("LBAs {}..{} are outside namespace {} ({} blocks)", a.slba, a.slba.saturating_add(a.count), a.nsid, ns.blocks);
+        bail!(
+            "LBAs {}..{} are outside namespace {} ({} blocks)",
+            a.slba,
+            a.slba.saturating_add(a.count),
+            a.nsid,
+            ns.blocks
+        );
     }
     let bs = u64::from(ns.block_size);
     let total = (a.count * bs) as usize;
@@ -350,7 +394,12 @@ fn cmd_rw(cli: &Cli, a: &Rw, write: bool) -> anyhow::Result<()> {
     let mut data = if write {
         let d = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file))?;
         if d.len() < total {
-            bail!("{} has {} bytes, {} blocks of {bs} need {total}", a.file, d.len(), a.count);
+            bail!(
+                "{} has {} bytes, {} blocks of {bs} need {total}",
+                a.file,
+                d.len(),
+                a.count
+            );
         }
         d
     } else {
@@ -378,7 +427,13 @@ fn cmd_rw(cli: &Cli, a: &Rw, write: bool) -> anyhow::Result<()> {
             } else {
                 qp.read(a.nsid, lba, nlb, buf, next as u64)
             };
-            r.map_err(|e| anyhow::anyhow!("submitting at LBA {lba}: {:?}{}", e.kind, qp.failure().map(|f| format!(": {f}")).unwrap_or_default()))?;
+            r.map_err(|e| {
+                anyhow::anyhow!(
+                    "submitting at LBA {lba}: {:?}{}",
+                    e.kind,
+                    qp.failure().map(|f| format!(": {f}")).unwrap_or_default()
+                )
+            })?;
             next += 1;
         }
         qp.poll(&mut out);
@@ -386,7 +441,11 @@ fn cmd_rw(cli: &Cli, a: &Rw, write: bool) -> anyhow::Result<()> {
             let idx = c.tag as usize;
             let lba = a.slba + (idx * chunk) as u64 / bs;
             if !c.status.is_success() {
-                bail!("{} at LBA {lba} failed: {}", if write { "write" } else { "read" }, c.status);
+                bail!(
+                    "{} at LBA {lba} failed: {}",
+                    if write { "write" } else { "read" },
+                    c.status
+                );
             }
             if !write {
                 let buf = c.buf.expect("reads carry their buffer");
@@ -420,25 +479,58 @@ fn cmd_smart(cli: &Cli, r: &str, nsid: u32) -> anyhow::Result<()> {
     disconnect(ctrl);
     let s = SmartHealthLog::read_from_bytes(&raw).expect("512 bytes");
     let k = s.composite_temperature();
-    println!("Smart Log for NVME device:{} namespace-id:{nsid:x}", tid(r, cli)?.subnqn);
+    println!(
+        "Smart Log for NVME device:{} namespace-id:{nsid:x}",
+        tid(r, cli)?.subnqn
+    );
     println!("critical_warning\t\t\t: {:#x}", s.critical_warning);
-    println!("temperature\t\t\t\t: {} °C ({k} Kelvin)", i32::from(k) - 273);
+    println!(
+        "temperature\t\t\t\t: {} °C ({k} Kelvin)",
+        i32::from(k) - 273
+    );
     println!("available_spare\t\t\t\t: {}%", s.available_spare);
-    println!("available_spare_threshold\t\t: {}%", s.available_spare_threshold);
+    println!(
+        "available_spare_threshold\t\t: {}%",
+        s.available_spare_threshold
+    );
     println!("percentage_used\t\t\t\t: {}%", s.percentage_used);
-    println!("endurance group critical warning summary: {:#x}", s.endurance_group_critical_warning);
+    println!(
+        "endurance group critical warning summary: {:#x}",
+        s.endurance_group_critical_warning
+    );
     println!("data_units_read\t\t\t\t: {}", get_u128(&s.data_units_read));
-    println!("data_units_written\t\t\t: {}", get_u128(&s.data_units_written));
-    println!("host_read_commands\t\t\t: {}", get_u128(&s.host_read_commands));
-    println!("host_write_commands\t\t\t: {}", get_u128(&s.host_write_commands));
-    println!("controller_busy_time\t\t\t: {}", get_u128(&s.controller_busy_time));
+    println!(
+        "data_units_written\t\t\t: {}",
+        get_u128(&s.data_units_written)
+    );
+    println!(
+        "host_read_commands\t\t\t: {}",
+        get_u128(&s.host_read_commands)
+    );
+    println!(
+        "host_write_commands\t\t\t: {}",
+        get_u128(&s.host_write_commands)
+    );
+    println!(
+        "controller_busy_time\t\t\t: {}",
+        get_u128(&s.controller_busy_time)
+    );
     println!("power_cycles\t\t\t\t: {}", get_u128(&s.power_cycles));
     println!("power_on_hours\t\t\t\t: {}", get_u128(&s.power_on_hours));
     println!("unsafe_shutdowns\t\t\t: {}", get_u128(&s.unsafe_shutdowns));
     println!("media_errors\t\t\t\t: {}", get_u128(&s.media_errors));
-    println!("num_err_log_entries\t\t\t: {}", get_u128(&s.num_error_log_entries));
-    println!("Warning Temperature Time\t\t: {}", s.warning_temp_time.get());
-    println!("Critical Composite Temperature Time\t: {}", s.critical_temp_time.get());
+    println!(
+        "num_err_log_entries\t\t\t: {}",
+        get_u128(&s.num_error_log_entries)
+    );
+    println!(
+        "Warning Temperature Time\t\t: {}",
+        s.warning_temp_time.get()
+    );
+    println!(
+        "Critical Composite Temperature Time\t: {}",
+        s.critical_temp_time.get()
+    );
     Ok(())
 }
 
@@ -454,11 +546,23 @@ fn cmd_get_log(cli: &Cli, r: &str, lid: u64, len: u64, nsid: u32, raw: bool) -> 
         std::io::stdout().write_all(&data)?;
         return Ok(());
     }
-    println!("Device:{} log-id:{lid} namespace-id:{nsid:#x}", tid(r, cli)?.subnqn);
+    println!(
+        "Device:{} log-id:{lid} namespace-id:{nsid:#x}",
+        tid(r, cli)?.subnqn
+    );
     println!("       0  1  2  3  4  5  6  7  8  9  a  b  c  d  e  f");
     for (i, row) in data.chunks(16).enumerate() {
         let hex: String = row.iter().map(|b| format!(" {b:02x}")).collect();
-        let txt: String = row.iter().map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' }).collect();
+        let txt: String = row
+            .iter()
+            .map(|&b| {
+                if b.is_ascii_graphic() || b == b' ' {
+                    b as char
+                } else {
+                    '.'
+                }
+            })
+            .collect();
         println!("{:04x}:{hex:<48} \"{txt}\"", i * 16);
     }
     Ok(())
@@ -467,9 +571,11 @@ fn cmd_get_log(cli: &Cli, r: &str, lid: u64, len: u64, nsid: u32, raw: bool) -> 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
     let r = match &cli.cmd {
@@ -478,7 +584,13 @@ fn main() -> ExitCode {
         Cmd::Read(a) => cmd_rw(&cli, a, false),
         Cmd::Write(a) => cmd_rw(&cli, a, true),
         Cmd::SmartLog { r, nsid } => cmd_smart(&cli, r, *nsid),
-        Cmd::GetLog { r, lid, len, nsid, raw } => cmd_get_log(&cli, r, *lid, *len, *nsid, *raw),
+        Cmd::GetLog {
+            r,
+            lid,
+            len,
+            nsid,
+            raw,
+        } => cmd_get_log(&cli, r, *lid, *len, *nsid, *raw),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -22,7 +22,10 @@ use nvmf_initiator::{
 };
 
 #[derive(Parser, Debug)]
-#[command(name = "nvmf-perf", about = "NVMe-oF (RDMA) I/O benchmark, with spdk_nvme_perf's flags")]
+#[command(
+    name = "nvmf-perf",
+    about = "NVMe-oF (RDMA) I/O benchmark, with spdk_nvme_perf's flags"
+)]
 struct Args {
     /// Transport ID: 'trtype:RDMA adrfam:IPv4 traddr:A trsvcid:4420 subnqn:NQN [hostnqn:NQN] [ns:N]'.
     /// Repeat for several controllers.
@@ -59,7 +62,7 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     io_timeout: u64,
     /// Seconds allowed for each connection step (address, route, connect, Fabrics Connect).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 10)]
     connect_timeout: u64,
     /// Keep Alive Timeout in seconds (0: off).
     #[arg(long, default_value_t = 5)]
@@ -188,7 +191,9 @@ struct Plan {
 
 impl NsCtx {
     fn submit(&mut self, tag: usize, plan: &Plan, rng: &mut Rng) -> bool {
-        let Some(buf) = self.bufs[tag].take() else { return false };
+        let Some(buf) = self.bufs[tag].take() else {
+            return false;
+        };
         let slot = if plan.pattern.random() {
             rng.next() % self.slots
         } else {
@@ -197,7 +202,8 @@ impl NsCtx {
             s
         };
         let lba = slot * self.blocks_per_io;
-        let read = plan.read_pct == 100 || (plan.read_pct > 0 && (rng.next() % 100) < u64::from(plan.read_pct));
+        let read = plan.read_pct == 100
+            || (plan.read_pct > 0 && (rng.next() % 100) < u64::from(plan.read_pct));
         let nlb = self.blocks_per_io as u32;
         let qp = &mut self.qpairs[self.qp_of[tag]];
         self.start[tag] = Instant::now();
@@ -239,9 +245,17 @@ impl NsCtx {
         } else {
             self.stats.errors += 1;
             if self.stats.first_error.is_none() {
-                self.stats.first_error = Some(format!("{}: {}", if self.is_read[tag] { "read" } else { "write" }, c.status));
+                self.stats.first_error = Some(format!(
+                    "{}: {}",
+                    if self.is_read[tag] { "read" } else { "write" },
+                    c.status
+                ));
             }
-            if matches!(c.status, IoStatus::ControllerLost | IoStatus::TransportError) && self.failed.is_none() {
+            if matches!(
+                c.status,
+                IoStatus::ControllerLost | IoStatus::TransportError
+            ) && self.failed.is_none()
+            {
                 self.failed = Some(c.status.to_string());
             }
         }
@@ -270,7 +284,8 @@ fn worker(
     if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
         eprintln!("nvmf-perf: warning: could not pin the worker to core {core}");
     }
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (core as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9));
+    let mut rng =
+        Rng(0x9E37_79B9_7F4A_7C15 ^ (core as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9));
     let max_depth = ctxs.iter().map(|c| c.depth as usize).max().unwrap_or(1);
     let mut out: Vec<IoCompletion> = Vec::with_capacity(max_depth.max(64));
     let mut tags: Vec<usize> = Vec::with_capacity(max_depth.max(64));
@@ -304,7 +319,10 @@ fn worker(
                 tags.clear();
             }
             if c.failed.is_none() && c.qpairs.iter().all(|q| q.state() == QpairState::Failed) {
-                c.failed = c.qpairs[0].failure().map(str::to_string).or(Some("qpair failed".into()));
+                c.failed = c.qpairs[0]
+                    .failure()
+                    .map(str::to_string)
+                    .or(Some("qpair failed".into()));
             }
         }
         if busy {
@@ -324,7 +342,9 @@ fn worker(
             live.ios.fetch_add(batch, Ordering::Relaxed);
             batch = 0;
         }
-        let all_idle = ctxs.iter().all(|c| c.outstanding() == 0 || c.qpairs.iter().all(|q| q.state() == QpairState::Failed));
+        let all_idle = ctxs.iter().all(|c| {
+            c.outstanding() == 0 || c.qpairs.iter().all(|q| q.state() == QpairState::Failed)
+        });
         if (stopping || ctxs.iter().all(|c| c.failed.is_some())) && all_idle {
             break;
         }
@@ -332,7 +352,9 @@ fn worker(
             for c in ctxs.iter_mut() {
                 let n = c.outstanding();
                 if n > 0 && c.failed.is_none() {
-                    c.failed = Some(format!("{n} I/Os still outstanding {drain_limit:?} after the run ended"));
+                    c.failed = Some(format!(
+                        "{n} I/Os still outstanding {drain_limit:?} after the run ended"
+                    ));
                 }
             }
             break;
@@ -385,7 +407,10 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let tids: Vec<TransportId> = args
         .transport
         .iter()
-        .map(|s| s.parse::<TransportId>().with_context(|| format!("-r {s:?}")))
+        .map(|s| {
+            s.parse::<TransportId>()
+                .with_context(|| format!("-r {s:?}"))
+        })
         .collect::<anyhow::Result<_>>()?;
     let mut opts = options(&args)?;
     let say = |s: String| {
@@ -423,8 +448,14 @@ fn run(args: Args) -> anyhow::Result<bool> {
         for nsid in ids {
             match ctrl.namespace(nsid)? {
                 Some(ns) => {
-                    let label = format!("RDMA (addr:{} subnqn:{}) NSID {nsid}", tid.traddr, tid.subnqn);
-                    if args.io_size % ns.block_size != 0 {
+                    let label = format!(
+                        "RDMA (addr:{} subnqn:{}) NSID {nsid}",
+                        tid.traddr, tid.subnqn
+                    );
+                    // `is_multiple_of` is newer than the workspace's rust-version.
+                    #[allow(clippy::manual_is_multiple_of)]
+                    let misaligned = args.io_size % ns.block_size != 0;
+                    if misaligned {
                         eprintln!("nvmf-perf: skipping {label}: -o {} is not a multiple of its block size {}", args.io_size, ns.block_size);
                         continue;
                     }
@@ -434,11 +465,18 @@ fn run(args: Args) -> anyhow::Result<bool> {
                     }
                     namespaces.push((idx, ns, label));
                 }
-                None => eprintln!("nvmf-perf: namespace {nsid} of {} is not active", tid.subnqn),
+                None => eprintln!(
+                    "nvmf-perf: namespace {nsid} of {} is not active",
+                    tid.subnqn
+                ),
             }
         }
         if args.io_size > ctrl.max_transfer() {
-            bail!("-o {}: above the controller's maximum transfer of {} bytes", args.io_size, ctrl.max_transfer());
+            bail!(
+                "-o {}: above the controller's maximum transfer of {} bytes",
+                args.io_size,
+                ctrl.max_transfer()
+            );
         }
         ctrls.push(ctrl);
     }
@@ -464,7 +502,9 @@ fn run(args: Args) -> anyhow::Result<bool> {
                 .with_context(|| format!("connecting an I/O qpair for {label}"))?;
             qpairs.push(qp);
         }
-        let depth = args.queue_depth.min(qpairs.iter().map(|q| u32::from(q.depth())).sum());
+        let depth = args
+            .queue_depth
+            .min(qpairs.iter().map(|q| u32::from(q.depth())).sum());
         let buf_size = (args.io_size as usize).next_multiple_of(4096);
         let pool = BufferPool::new(buf_size, depth).context("allocating data buffers")?;
         ctrl.register_pool(&pool)?;
@@ -512,7 +552,10 @@ fn run(args: Args) -> anyhow::Result<bool> {
     // window when one is configured and bounded).
     let mut drain = Duration::from_secs(args.io_timeout.max(1) + 5);
     if let Some(r) = opts.reconnect {
-        drain += r.ctrl_loss_tmo.unwrap_or(Duration::ZERO).min(Duration::from_secs(120));
+        drain += r
+            .ctrl_loss_tmo
+            .unwrap_or(Duration::ZERO)
+            .min(Duration::from_secs(120));
     }
     let started = Instant::now();
     let mut handles = Vec::new();
@@ -549,8 +592,13 @@ fn run(args: Args) -> anyhow::Result<bool> {
                 Ok(events) => {
                     for ev in events {
                         match ev {
-                            ControllerEvent::Disconnected { reason } => eprintln!("nvmf-perf: {}: disconnected: {reason}; reconnecting", c.peer()),
-                            ControllerEvent::Reconnected { cntlid } => eprintln!("nvmf-perf: {}: reconnected (cntlid {cntlid})", c.peer()),
+                            ControllerEvent::Disconnected { reason } => eprintln!(
+                                "nvmf-perf: {}: disconnected: {reason}; reconnecting",
+                                c.peer()
+                            ),
+                            ControllerEvent::Reconnected { cntlid } => {
+                                eprintln!("nvmf-perf: {}: reconnected (cntlid {cntlid})", c.peer())
+                            }
                             other => eprintln!("nvmf-perf: {}: {other:?}", c.peer()),
                         }
                     }
@@ -586,7 +634,10 @@ fn run(args: Args) -> anyhow::Result<bool> {
     }
     let mut results: Vec<NsCtx> = Vec::new();
     for h in handles {
-        results.extend(h.join().map_err(|_| anyhow::anyhow!("a worker thread panicked"))?);
+        results.extend(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a worker thread panicked"))?,
+        );
     }
     for c in results.iter_mut() {
         for qp in c.qpairs.drain(..) {
@@ -603,7 +654,12 @@ fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
 }
 
-fn report(args: &Args, results: &[NsCtx], elapsed: Duration, ctrl_errors: &[String]) -> anyhow::Result<bool> {
+fn report(
+    args: &Args,
+    results: &[NsCtx],
+    elapsed: Duration,
+    ctrl_errors: &[String],
+) -> anyhow::Result<bool> {
     let secs = elapsed.as_secs_f64().max(1e-9);
     let mut total = Stats::default();
     let mut failures: Vec<String> = ctrl_errors.to_vec();
@@ -658,10 +714,18 @@ fn report(args: &Args, results: &[NsCtx], elapsed: Duration, ctrl_errors: &[Stri
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        let w = results.iter().map(|c| c.label.len() + 14).max().unwrap_or(20).max(20);
+        let w = results
+            .iter()
+            .map(|c| c.label.len() + 14)
+            .max()
+            .unwrap_or(20)
+            .max(20);
         println!("{}", "=".repeat(w + 58));
         println!("{:>width$}", "Latency(us)", width = w + 57);
-        println!("{:<w$}: {:>10} {:>10} {:>10} {:>10} {:>10}", "Device Information", "IOPS", "MiB/s", "Average", "min", "max");
+        println!(
+            "{:<w$}: {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "Device Information", "IOPS", "MiB/s", "Average", "min", "max"
+        );
         let print_row = |name: &str, s: &Stats| {
             let (iops, mibs) = row(s);
             println!(
@@ -680,7 +744,10 @@ fn report(args: &Args, results: &[NsCtx], elapsed: Duration, ctrl_errors: &[Stri
         println!("{}", "=".repeat(w + 58));
         print_row("Total", &total);
         println!();
-        println!("{:<w$}: {:>10} {:>10} {:>10}", "Latency percentiles (us)", "p50", "p99", "p99.9");
+        println!(
+            "{:<w$}: {:>10} {:>10} {:>10}",
+            "Latency percentiles (us)", "p50", "p99", "p99.9"
+        );
         for c in results {
             let h = &c.stats.hist;
             println!(
@@ -700,7 +767,12 @@ fn report(args: &Args, results: &[NsCtx], elapsed: Duration, ctrl_errors: &[Stri
             us(h.percentile(99.9))
         );
         if total.reads > 0 && total.writes > 0 {
-            println!("reads {} writes {} ({:.1}% reads)", total.reads, total.writes, 100.0 * total.reads as f64 / (total.ios.max(1)) as f64);
+            println!(
+                "reads {} writes {} ({:.1}% reads)",
+                total.reads,
+                total.writes,
+                100.0 * total.reads as f64 / (total.ios.max(1)) as f64
+            );
         }
     }
     if total.errors > 0 {
@@ -719,9 +791,11 @@ fn report(args: &Args, results: &[NsCtx], elapsed: Duration, ctrl_errors: &[Stri
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let args = Args::parse();
     match run(args) {

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# initiator-kernel-target: our userspace initiator against the Linux kernel's nvmet-rdma
+# target (a target we did not write), on a memory-backed null_blk and on a brd RAM disk:
+# nvmf-host discover / identify, a pattern written with nvmf-host and read back identical,
+# nvmf-perf 4k randread qd32 and 70/30 randrw (IOPS, p99), the library's hardware test, and
+# nvmf-perf against the kernel host's fio on the same target (same size and depth, three
+# alternating rounds, medians) in the same boot.
+#
+# Usage: tests/lab/run initiator-kernel-target [RUNTIME_SECONDS]   (default 5)
+source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
+lab_init initiator-kernel-target
+
+runtime=${1:-5}
+port=4420
+ulimit -l unlimited
+PERF=$NVMF_BIN_DIR/nvmf-perf
+HOST=$NVMF_BIN_DIR/nvmf-host
+[[ -x $PERF && -x $HOST ]] || lab_fail "nvmf-perf / nvmf-host not built in $NVMF_BIN_DIR"
+
+lab_rxe_up
+nullb=$(lab_null_blk 1 256 4096)
+ram=$(lab_brd 256 1)
+lab_kernel_target_up kt-nullb "$nullb" "$LAB_ADDR0" "$port"
+lab_kernel_target_up kt-ram "$ram" "$LAB_ADDR0" "$port"
+
+# perf_summary JSON: "IOPS p99 avg" of nvmf-perf --json output.
+perf_summary() {
+    /usr/bin/python3 - "$1" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))["total"]
+lat = t["latency_us"]
+print("%.0f IOPS p99=%.0fus avg=%.0fus" % (t["iops"], lat["p99"], lat["avg"]))
+PY
+}
+
+# run_host_test NQN TAG: the library's hardware test (initiator/tests/rdma_host.rs: every I/O
+# command, two qpairs on two threads, keep-alive, clean disconnect) against NQN here. Build it
+# on the host first: cargo test --release -p nvmf-initiator --test rdma_host --no-run
+run_host_test() {
+    local bin log=$LAB_OUT/rdma_host-$2.log
+    bin=$(find "$LAB_REPO/build/release/deps" "$LAB_REPO/build/debug/deps" -maxdepth 1 -type f \
+        -name 'rdma_host-*' -perm -u+x -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n1 | cut -d' ' -f2-)
+    [[ -n $bin ]] || lab_fail "no rdma_host test binary: cargo test --release -p nvmf-initiator --test rdma_host --no-run"
+    NVMF_RDMA_TEST_ADDR=$LAB_ADDR0 NVMF_RDMA_TEST_PORT=$port NVMF_RDMA_TEST_SUBNQN=$1 \
+        lab_t 180 "$bin" --nocapture --test-threads=1 >"$log" 2>&1 || { cat "$log" >&2; lab_fail "library hardware test against $1 failed"; }
+    grep -q 'test result: ok. 1 passed' "$log" || { cat "$log" >&2; lab_fail "library hardware test did not run"; }
+    echo "library hardware test ($2): $(grep -E '^cntlid|^qpair' "$log" | tr '\n' ' ')"
+}
+
+summary=()
+for name in kt-nullb kt-ram; do
+    nqn=$(lab_nqn "$name")
+    r="trtype:RDMA adrfam:IPv4 traddr:$LAB_ADDR0 trsvcid:$port subnqn:$nqn"
+
+    # Discovery must list the subsystem.
+    lab_t 60 "$HOST" discover -r "trtype:RDMA adrfam:IPv4 traddr:$LAB_ADDR0 trsvcid:$port" \
+        | tee "$LAB_OUT/$name-discover.txt" >&2 || lab_fail "nvmf-host discover failed"
+    grep -q "subnqn: *$nqn\$" "$LAB_OUT/$name-discover.txt" || lab_fail "discovery does not list $nqn"
+
+    lab_t 60 "$HOST" identify -r "$r" ctrl | tee "$LAB_OUT/$name-id-ctrl.txt" >&2 || lab_fail "identify ctrl failed"
+    grep -q "^subnqn *: *$nqn" "$LAB_OUT/$name-id-ctrl.txt" || lab_fail "identify ctrl: no subnqn $nqn"
+    lab_t 60 "$HOST" identify -r "$r" ns -n 1 | tee "$LAB_OUT/$name-id-ns.txt" >&2 || lab_fail "identify ns failed"
+    grep -q "^nsze *: *0x" "$LAB_OUT/$name-id-ns.txt" || lab_fail "identify ns: no nsze"
+
+    # Data integrity: 4 MiB of random data at LBA 1000, read back, compare. The block size
+    # is the namespace's (null_blk: 4 KiB, brd: 512 bytes).
+    lbads=$(sed -n 's/^lbaf .*lbads:\([0-9]*\).*(in use).*/\1/p' "$LAB_OUT/$name-id-ns.txt")
+    [[ -n $lbads ]] || lab_fail "identify ns: no LBA format in use"
+    bs=$((1 << lbads))
+    count=$(((4 << 20) / bs))
+    head -c $((4 << 20)) /dev/urandom >"$LAB_STATE/pattern"
+    lab_t 60 "$HOST" write -r "$r" -n 1 -s 1000 -c "$count" -f "$LAB_STATE/pattern" >&2 || lab_fail "nvmf-host write failed"
+    lab_t 60 "$HOST" read -r "$r" -n 1 -s 1000 -c "$count" -f "$LAB_STATE/back" >&2 || lab_fail "nvmf-host read failed"
+    cmp "$LAB_STATE/pattern" "$LAB_STATE/back" || lab_fail "$name: data read back differs"
+    # The kernel block device agrees (what we wrote is really on the backing device).
+    dev=$nullb
+    [[ $name == kt-ram ]] && dev=$ram
+    lab_t 30 dd if="$dev" of="$LAB_STATE/direct" bs="$bs" skip=1000 count="$count" iflag=direct status=none
+    cmp "$LAB_STATE/pattern" "$LAB_STATE/direct" || lab_fail "$name: backing device differs from what was written"
+
+    lab_t 30 "$HOST" smart-log -r "$r" >&2 || lab_fail "smart-log failed"
+
+    for job in "randread -q 32" "randrw -M 70 -q 32"; do
+        tag=$(echo "$job" | awk '{print $1}')
+        # shellcheck disable=SC2086
+        lab_t $((runtime + 60)) "$PERF" -r "$r" -o 4096 -w $job -t "$runtime" --json \
+            >"$LAB_OUT/$name-perf-$tag.json" 2>"$LAB_OUT/$name-perf-$tag.err" ||
+            { cat "$LAB_OUT/$name-perf-$tag.err" >&2; lab_fail "$name: nvmf-perf $job failed"; }
+        line=$(perf_summary "$LAB_OUT/$name-perf-$tag.json")
+        echo "nvmf-perf $name 4k $tag qd32 ${runtime}s: $line"
+        summary+=("nvmf-perf $name $tag: $line")
+    done
+done
+
+# The library's own hardware test on the null_blk subsystem.
+run_host_test "$(lab_nqn kt-nullb)" kernel
+
+# nvmf-perf against the kernel host's fio on the same kernel target, same size and depth,
+# alternating (three rounds, the order flipped each round): the machine is shared, so single
+# runs are off by 20-30%; medians of the same boot are what count.
+lab_nvme_host_up
+nqn=$(lab_nqn kt-nullb)
+r="trtype:RDMA adrfam:IPv4 traddr:$LAB_ADDR0 trsvcid:$port subnqn:$nqn"
+blk=$(lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port")
+kfio() { # NAME RW [fio args]
+    local n=$1 rw=$2
+    shift 2
+    lab_fio "$n" "--filename=$blk" --ioengine=libaio --direct=1 --bs=4k --rw="$rw" --iodepth=32 \
+        --runtime="$runtime" --time_based "$@" >/dev/null
+}
+uperf() { # NAME -w ARGS...
+    local n=$1
+    shift
+    lab_t $((runtime + 60)) "$PERF" -r "$r" -o 4096 -q 32 -t "$runtime" --json "$@" \
+        >"$LAB_OUT/$n.json" 2>"$LAB_OUT/$n.err" || { cat "$LAB_OUT/$n.err" >&2; lab_fail "nvmf-perf $* failed"; }
+}
+for round in 1 2 3; do
+    for job in randread randrw; do
+        mix=()
+        [[ $job == randrw ]] && mix=(-M 70)
+        fmix=()
+        [[ $job == randrw ]] && fmix=(--rwmixread=70)
+        if ((round % 2)); then
+            uperf "cmp-perf-$job-$round" -w "$job" "${mix[@]}"
+            kfio "cmp-kfio-$job-$round" "$job" "${fmix[@]}"
+        else
+            kfio "cmp-kfio-$job-$round" "$job" "${fmix[@]}"
+            uperf "cmp-perf-$job-$round" -w "$job" "${mix[@]}"
+        fi
+    done
+done
+lab_nvme_disconnect "$nqn"
+/usr/bin/python3 - "$LAB_OUT" <<'PY' | tee "$LAB_OUT/compare.txt"
+import json, statistics, sys
+out = sys.argv[1]
+def load(p):
+    t = open(p).read()
+    return json.loads(t[t.index("{"):])
+for job in ("randread", "randrw"):
+    p_iops, p_p99, k_iops, k_p99 = [], [], [], []
+    for r in (1, 2, 3):
+        t = load(f"{out}/cmp-perf-{job}-{r}.json")["total"]
+        p_iops.append(t["iops"]); p_p99.append(t["latency_us"]["p99"])
+        j = load(f"{out}/cmp-kfio-{job}-{r}.json")["jobs"][0]
+        k_iops.append(j["read"]["iops"] + j["write"]["iops"])
+        k_p99.append(max(j[d]["clat_ns"]["percentile"]["99.000000"] for d in ("read", "write") if j[d]["total_ios"]) / 1000)
+    ratio = statistics.median(a / b for a, b in zip(p_iops, k_iops) if b)
+    print(f"4k {job} qd32 (median of 3): nvmf-perf {statistics.median(p_iops):.0f} IOPS p99 {statistics.median(p_p99):.0f}us"
+          f" | kernel host fio {statistics.median(k_iops):.0f} IOPS p99 {statistics.median(k_p99):.0f}us"
+          f" | median IOPS ratio {ratio:.2f}")
+PY
+while read -r l; do summary+=("$l"); done <"$LAB_OUT/compare.txt"
+
+printf '%s\n' "${summary[@]}" | tee "$LAB_OUT/summary.txt"
+lab_kernel_target_down
+lab_pass "discover, identify, 4 MiB write+read back identical on null_blk and brd, nvmf-perf randread and randrw, kernel fio side by side"
