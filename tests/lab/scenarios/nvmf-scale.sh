@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # nvmf-scale: about a thousand queue pairs on one target (8 controllers x 120 I/O qpairs from
 # nvmf-perf), all doing I/O at once; the target's memory stays bounded (SRQ per device and
-# reactor) and every qpair completes I/O.
+# reactor) and every qpair completes I/O. nvmf-perf services keep-alive only once its queues
+# are up, so the host asks for a 2-minute KATO to outlast the set-up of ~1000 queues.
 #
 # Usage: tests/lab/run nvmf-scale [CONTROLLERS [QPAIRS_PER_CONTROLLER]]   (default 8 x 120)
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
@@ -20,7 +21,7 @@ for ((i = 0; i < ctrls; i++)); do
     args+=(-r "trtype:RDMA adrfam:IPv4 traddr:$LAB_ADDR0 trsvcid:4420 subnqn:$nqn")
 done
 lab_bg perf-scale 900 "$NVMF_BIN_DIR/nvmf-perf" "${args[@]}" -P "$per" -q 1 -o 4096 -w randread \
-    -t 10 --connect-timeout 120 --json
+    -t 10 --connect-timeout 120 --kato 120000 --json
 perf=$LAB_BG_PID
 peak=0
 while kill -0 "$perf" 2>/dev/null; do
