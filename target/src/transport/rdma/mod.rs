@@ -177,6 +177,27 @@ impl Transport for RdmaTransport {
         id.listen(self.shared.opts.acceptor_backlog)
             .map_err(|e| format!("rdma_listen({sockaddr}): {e}"))?;
         tracing::info!(%sockaddr, "RDMA listener started");
+        // Build each reactor's resources for this device now (SRQ, buffers, registrations):
+        // on the first connect they would cost the host seconds under emulation, long enough
+        // for it to give up. A wildcard address has no device yet; connects then build them.
+        if let Ok(ctx) = id.context() {
+            for g in self
+                .shared
+                .groups
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+            {
+                let (ctx, tidx) = (Arc::clone(&ctx), g.transport_index);
+                g.handle.send(move |pg| {
+                    pg.with_transport(usize::from(tidx), |t, _core| {
+                        if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup>() {
+                            rdma.prepare_device(ctx);
+                        }
+                    });
+                });
+            }
+        }
         listeners.insert(addr.clone(), id);
         Ok(())
     }

@@ -104,6 +104,15 @@ impl RdmaPollGroup {
         Ok(self.devices.len() - 1)
     }
 
+    /// Builds this reactor's resources for a device ahead of its first connection.
+    pub fn prepare_device(&mut self, ctx: Arc<nvmf_common::rdma::Context>) {
+        if let Err(e) = self.device_for(ctx) {
+            tracing::warn!(
+                "cannot prepare RDMA device resources (the first connect will retry): {e}"
+            );
+        }
+    }
+
     /// Creates the QP for a new connection on this reactor and accepts it. On failure the
     /// dropped CM id rejects the connection.
     pub fn add_connection(&mut self, conn: NewConnection) -> Result<(), String> {
