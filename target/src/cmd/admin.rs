@@ -38,7 +38,7 @@ fn key_of(q: &QueueState) -> Key {
 }
 
 pub fn prepare(
-    core: &mut CoreCtx,
+    _core: &mut CoreCtx,
     q: &mut QueueState,
     req: &mut Request,
 ) -> Result<Prepared, Status> {
@@ -49,9 +49,6 @@ pub fn prepare(
     // admin commands.
     if !ctrl.is_ready() {
         return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
-    }
-    if let Some(local) = core.controllers.get_mut(&key_of(q)) {
-        local.admin_commands += 1;
     }
     let no_data = |q: &QueueState, req: &Request| data_phase(q, &req.cmd, DataDirection::None, 0);
     let to_host = |q: &QueueState, req: &Request, len: u32| {

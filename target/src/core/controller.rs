@@ -191,8 +191,6 @@ pub struct ControllerLocal {
     pub changed_ns_overflow: bool,
     pub error_log: VecDeque<ErrorLogEntry>,
     pub error_count: u64,
-    /// Host commands seen, for the SMART log's command counters.
-    pub admin_commands: u64,
 }
 
 impl ControllerLocal {
@@ -208,7 +206,6 @@ impl ControllerLocal {
             changed_ns_overflow: false,
             error_log: VecDeque::with_capacity(ERROR_LOG_ENTRIES),
             error_count: 0,
-            admin_commands: 0,
         }
     }
 

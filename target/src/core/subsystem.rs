@@ -129,8 +129,6 @@ pub struct SubsystemShared {
     /// Live controllers by cntlid: an I/O queue Connect finds its controller here.
     controllers: Mutex<HashMap<u16, Arc<ControllerShared>>>,
     next_cntlid: Mutex<u16>,
-    /// Bumped whenever the set of namespaces changes; part of what AERs report.
-    pub ns_generation: AtomicU64,
 }
 
 impl SubsystemShared {
@@ -138,7 +136,6 @@ impl SubsystemShared {
         Self {
             controllers: Mutex::new(HashMap::new()),
             next_cntlid: Mutex::new(min_cntlid),
-            ns_generation: AtomicU64::new(0),
         }
     }
 
@@ -255,10 +252,6 @@ impl SubsystemConfig {
     /// An immutable copy for the reactors.
     pub fn snapshot(&self) -> Arc<SubsystemConfig> {
         Arc::new(self.clone())
-    }
-
-    pub fn ns_generation(&self) -> u64 {
-        self.shared.ns_generation.load(Ordering::Relaxed)
     }
 }
 
