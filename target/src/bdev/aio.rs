@@ -748,32 +748,8 @@ mod tests {
     #[test]
     fn full_channel_hands_io_back_and_drop_waits() {
         let f = TempFile::new("aio-full", 16 * 4096);
-        let bdev = AioBdev::new("a", f.path(), Some(4096), false, None).unwrap();
-        let pool = nvmf_common::buffer::BufferPool::new(4096, AIO_DEPTH as u32 + 1).unwrap();
-        let mut ch = bdev.open_channel().unwrap();
-        for tag in 0..AIO_DEPTH as u64 {
-            ch.submit(io(
-                tag,
-                IoKind::Read,
-                tag % 16,
-                1,
-                Some(pool.get().unwrap()),
-            ))
-            .unwrap();
-        }
-        let back = ch
-            .submit(io(999, IoKind::Read, 0, 1, Some(pool.get().unwrap())))
-            .expect_err("channel is full");
-        assert_eq!(back.tag, 999);
-        assert_eq!(ch.in_flight(), AIO_DEPTH);
-        let done = testutil::wait_n(ch.as_mut(), AIO_DEPTH);
-        assert!(done.iter().all(|c| c.result == Ok(())));
-        ch.submit(back).unwrap();
-        // Dropped with an I/O in the kernel: waits, then the buffers go back to the pool.
-        ch.poll(&mut |_| {});
-        drop(done);
-        drop(ch);
-        assert_eq!(pool.available(), AIO_DEPTH + 1);
+        let b = AioBdev::new("a", f.path(), Some(4096), false, None).unwrap();
+        testutil::full_channel_hands_io_back_and_drop_waits(&b, AIO_DEPTH);
     }
 
     #[test]

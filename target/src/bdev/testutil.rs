@@ -246,3 +246,35 @@ pub fn resubmit_after_full(bdev: &dyn Bdev, limit: usize) -> bool {
     assert_eq!(ch.in_flight(), 0);
     true
 }
+
+/// The full-channel contract of the kernel-backed engines: with `depth` reads in flight the
+/// next I/O is handed back unstarted, every in-flight one completes, the refused one is
+/// accepted afterwards, and dropping the channel with an I/O still in the kernel waits for it
+/// and returns every buffer to the pool. `bdev` must hold at least 16 blocks of 4 KiB.
+pub fn full_channel_hands_io_back_and_drop_waits(bdev: &dyn crate::bdev::Bdev, depth: usize) {
+    let pool = BufferPool::new(4096, depth as u32 + 1).unwrap();
+    let mut ch = bdev.open_channel().unwrap();
+    for tag in 0..depth as u64 {
+        ch.submit(io(
+            tag,
+            IoKind::Read,
+            tag % 16,
+            1,
+            Some(pool.get().unwrap()),
+        ))
+        .unwrap();
+    }
+    let back = ch
+        .submit(io(999, IoKind::Read, 0, 1, Some(pool.get().unwrap())))
+        .expect_err("channel is full");
+    assert_eq!(back.tag, 999);
+    assert_eq!(ch.in_flight(), depth);
+    let done = wait_n(ch.as_mut(), depth);
+    assert!(done.iter().all(|c| c.result == Ok(())));
+    ch.submit(back).unwrap();
+    // Dropped with an I/O in the kernel: waits, then the buffers go back to the pool.
+    ch.poll(&mut |_| {});
+    drop(done);
+    drop(ch);
+    assert_eq!(pool.available(), depth + 1);
+}

@@ -625,30 +625,7 @@ mod tests {
     fn full_channel_hands_io_back_and_drop_waits() {
         let f = TempFile::new("uring-full", 16 * 4096);
         let b = bdev(&f, 4096);
-        let pool = nvmf_common::buffer::BufferPool::new(4096, URING_DEPTH as u32 + 1).unwrap();
-        let mut ch = b.open_channel().unwrap();
-        for tag in 0..URING_DEPTH as u64 {
-            ch.submit(io(
-                tag,
-                IoKind::Read,
-                tag % 16,
-                1,
-                Some(pool.get().unwrap()),
-            ))
-            .unwrap();
-        }
-        let back = ch
-            .submit(io(999, IoKind::Read, 0, 1, Some(pool.get().unwrap())))
-            .expect_err("channel is full");
-        assert_eq!(back.tag, 999);
-        assert_eq!(ch.in_flight(), URING_DEPTH);
-        let done = testutil::wait_n(ch.as_mut(), URING_DEPTH);
-        assert!(done.iter().all(|c| c.result == Ok(())));
-        ch.submit(back).unwrap();
-        ch.poll(&mut |_| {});
-        drop(done);
-        drop(ch);
-        assert_eq!(pool.available(), URING_DEPTH + 1);
+        testutil::full_channel_hands_io_back_and_drop_waits(&b, URING_DEPTH);
     }
 
     #[test]
