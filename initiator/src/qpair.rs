@@ -288,12 +288,7 @@ impl IoQpair {
         buf: IoBuf,
         tag: u64,
     ) -> Result<(), SubmitError> {
-        if !(1..=0x1_0000).contains(&nlb) {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::Invalid,
-                buf: Some(buf),
-            });
-        }
+        let buf = check_nlb(nlb, Some(buf))?.expect("given a buffer, returns it");
         self.submit(
             Command::read(0, nsid, slba, nlb),
             Some(buf),
@@ -311,12 +306,7 @@ impl IoQpair {
         buf: IoBuf,
         tag: u64,
     ) -> Result<(), SubmitError> {
-        if !(1..=0x1_0000).contains(&nlb) {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::Invalid,
-                buf: Some(buf),
-            });
-        }
+        let buf = check_nlb(nlb, Some(buf))?.expect("given a buffer, returns it");
         self.submit(
             Command::write(0, nsid, slba, nlb),
             Some(buf),
@@ -334,12 +324,7 @@ impl IoQpair {
         buf: IoBuf,
         tag: u64,
     ) -> Result<(), SubmitError> {
-        if !(1..=0x1_0000).contains(&nlb) {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::Invalid,
-                buf: Some(buf),
-            });
-        }
+        let buf = check_nlb(nlb, Some(buf))?.expect("given a buffer, returns it");
         self.submit(
             Command::compare(0, nsid, slba, nlb),
             Some(buf),
@@ -356,12 +341,7 @@ impl IoQpair {
         deallocate: bool,
         tag: u64,
     ) -> Result<(), SubmitError> {
-        if !(1..=0x1_0000).contains(&nlb) {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::Invalid,
-                buf: None,
-            });
-        }
+        check_nlb(nlb, None)?;
         self.submit(
             Command::write_zeroes(0, nsid, slba, nlb, deallocate),
             None,
@@ -693,6 +673,19 @@ fn complete(io: Io, status: IoStatus) -> IoCompletion {
         status,
         dw0: 0,
         buf: io.buf,
+    }
+}
+
+/// NLB is a 16-bit zero-based field: 1..=65536 blocks. Out of range, the command is refused
+/// before it is built and the caller gets its buffer back.
+fn check_nlb(nlb: u32, buf: Option<IoBuf>) -> Result<Option<IoBuf>, SubmitError> {
+    if (1..=0x1_0000).contains(&nlb) {
+        Ok(buf)
+    } else {
+        Err(SubmitError {
+            kind: SubmitErrorKind::Invalid,
+            buf,
+        })
     }
 }
 
