@@ -105,6 +105,23 @@ lab_t 30 nvme error-log "$ctrl" -e 16 >"$LAB_OUT/error-log.txt" 2>&1 || true
 grep -qi "0x8102\|capacity" "$LAB_OUT/error-log.txt" || lab_fail "controller error log has no Capacity Exceeded entry"
 lab_t 30 dd if="$ns4" of=/dev/null bs=4k count=16 iflag=direct status=none || lab_fail "ns4 reads after ENOSPC"
 
+# A real block device (memory-backed null_blk, 512-byte sectors) behind bdev_uring, block size
+# and size taken from the device: data the host writes is on the device itself.
+blk=$(lab_null_blk 1 32 512)
+nvmf_rpc bdev_uring_create "$blk" Blk0 >/dev/null
+nvmf_rpc bdev_get_bdevs -b Blk0 >"$LAB_OUT/blk0.json"
+grep -q '"block_size": 512' "$LAB_OUT/blk0.json" || lab_fail "block size not taken from $blk"
+grep -q '"num_blocks": 65536' "$LAB_OUT/blk0.json" || lab_fail "size not taken from $blk"
+nvmf_rpc nvmf_subsystem_add_ns "$nqn" Blk0 -n 5 >/dev/null
+lab_wait_until 30 "namespace 5 to appear" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -ge 5 ]" ||
+    lab_fail "namespace 5 did not appear"
+ns5=$(lab_nvme_dev "$nqn" | sort | tail -n1)
+head -c 1048576 /dev/urandom >"$LAB_STATE/blk-pattern"
+lab_t 60 dd if="$LAB_STATE/blk-pattern" of="$ns5" bs=64k oflag=direct status=none
+lab_t 30 dd if="$blk" of="$LAB_STATE/blk-back" bs=64k count=16 iflag=direct status=none
+cmp "$LAB_STATE/blk-pattern" "$LAB_STATE/blk-back" || lab_fail "data not on the block device $blk"
+lab_log "block device $blk: geometry from the device, host data found on it"
+
 lab_nvme_disconnect "$nqn"
 nvmf_tgt_stop
-lab_pass "full file system gives Capacity Exceeded; file durability across kill -9 and restart; injected error reached the host alone; delay ${delayed} us vs ${plain} us"
+lab_pass "block device namespace; full file system gives Capacity Exceeded; file durability across kill -9 and restart; injected error reached the host alone; delay ${delayed} us vs ${plain} us"
