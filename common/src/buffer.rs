@@ -247,6 +247,12 @@ impl IoBuf {
         self.shared.rkey.load(Ordering::Acquire)
     }
 
+    /// What the pool's registration stored ([`BufferPool::set_registration`]'s `keepalive`;
+    /// the RDMA layer stores an `Arc<MemoryRegion>`), for users that need the region itself.
+    pub fn registration(&self) -> Option<&(dyn Any + Send + Sync)> {
+        self.shared.registration.get().map(|b| &**b)
+    }
+
     /// Index of this buffer in its pool: stable, usable as a slot number.
     pub fn index(&self) -> u32 {
         self.index

@@ -46,7 +46,7 @@ use crate::address::TransportId;
 use crate::error::{Error, QueueFault, Result};
 use crate::host::HostIdentity;
 use crate::qpair::{IoQpair, IoStatus};
-use crate::transport::{Data, RdmaQueue, POLL_BATCH};
+use crate::transport::{device_has_windows, Data, RdmaQueue, POLL_BATCH};
 
 /// Admin queue entries, as Linux (`NVME_AQ_DEPTH`).
 pub const ADMIN_QUEUE_DEPTH: u16 = 32;
@@ -97,6 +97,12 @@ pub struct ControllerOptions {
     pub io_timeout: Duration,
     /// Send writes that fit in the controller's in-capsule data size inside the command.
     pub in_capsule_data: bool,
+    /// Give each command's data its own memory-window key, which the target invalidates
+    /// with its response (Keyed SGL subtype Invalidate, 0x0F) or we invalidate locally, as
+    /// the Linux host does with fast registration; data pools are then registered without
+    /// remote access. Used when the device has type 2 memory windows; otherwise (or when
+    /// false) commands carry the pool registration's key.
+    pub memory_windows: bool,
     pub reconnect: Option<Reconnect>,
 }
 
@@ -113,6 +119,7 @@ impl Default for ControllerOptions {
             admin_timeout: Duration::from_secs(60),
             io_timeout: Duration::from_secs(30),
             in_capsule_data: true,
+            memory_windows: true,
             reconnect: None,
         }
     }
@@ -159,6 +166,8 @@ pub(crate) struct Shared {
     pub max_xfer: AtomicU32,
     /// Largest I/O queue (CAP.MQES + 1).
     pub max_io_depth: AtomicU32,
+    /// I/O queues give each command its own key (see [`ControllerOptions::memory_windows`]).
+    pub windows: bool,
     pub failure: Mutex<Option<String>>,
 }
 
@@ -475,8 +484,9 @@ pub(crate) fn connect_error(
     rsp: &Completion,
 ) -> Error {
     let status = rsp.status();
+    let shown = status.in_connect();
     let detail = if status.same_code(Status::CONNECT_INVALID_HOST) {
-        format!("host {hostnqn} is not allowed to access the subsystem ({status})")
+        format!("host {hostnqn} is not allowed to access the subsystem ({shown})")
     } else if status.same_code(Status::CONNECT_INVALID_PARAMETERS) {
         let (in_data, off) = parse_connect_invalid_param_dw0(rsp.dw0.get());
         let field = match (in_data, off) {
@@ -492,11 +502,11 @@ pub(crate) fn connect_error(
             (false, o) if o == connect_offsets::SQE_QID => "queue ID".to_string(),
             (in_data, o) => format!("{} byte {o}", if in_data { "data" } else { "command" }),
         };
-        format!("invalid parameter: {field} ({status})")
+        format!("invalid parameter: {field} ({shown})")
     } else if status.same_code(Status::CONTROLLER_BUSY) {
-        format!("controller busy ({status})")
+        format!("controller busy ({shown})")
     } else {
-        status.to_string()
+        shown.to_string()
     };
     Error::ConnectFailed {
         addr: peer,
@@ -517,7 +527,15 @@ fn bring_up(
     opts: &ControllerOptions,
     pd: Option<&Arc<ProtectionDomain>>,
 ) -> Result<(Admin, Arc<ProtectionDomain>, ControllerInfo)> {
-    let (q, pd) = RdmaQueue::connect(peer, pd, 0, ADMIN_QUEUE_DEPTH, opts.connect_timeout)?;
+    // Admin data lives in one small buffer of our own, under its registration's key.
+    let (q, pd) = RdmaQueue::connect(
+        peer,
+        pd,
+        0,
+        ADMIN_QUEUE_DEPTH,
+        false,
+        opts.connect_timeout,
+    )?;
     let data = DmaBuf::new(&pd, ADMIN_DATA_LEN, AccessFlags::ALL_DATA)
         .map_err(|e| Error::rdma("registering the admin data buffer", e))?;
     let mut admin = Admin {
@@ -635,7 +653,7 @@ impl Controller {
             peer,
             tid: tid.clone(),
             host,
-            pd,
+            pd: pd.clone(),
             state: AtomicU8::new(STATE_LIVE),
             generation: AtomicU64::new(0),
             cntlid: AtomicU16::new(info.cntlid),
@@ -647,6 +665,7 @@ impl Controller {
             }),
             max_xfer: AtomicU32::new(info.max_transfer()),
             max_io_depth: AtomicU32::new(u32::from(info.cap.mqes()) + 1),
+            windows: opts.memory_windows && device_has_windows(&pd),
             failure: Mutex::new(None),
             opts,
         });
@@ -748,11 +767,23 @@ impl Controller {
         &self.shared.pd
     }
 
-    /// Registers `pool` for remote read and write on this controller's PD, so its buffers can
-    /// carry I/O data.
+    /// Registers `pool` on this controller's PD, so its buffers can carry I/O data: for
+    /// memory windows only (no remote access through the pool's own key) when commands get
+    /// their own keys, else for remote read and write.
     pub fn register_pool(&self, pool: &BufferPool) -> Result<()> {
-        register_pool(&self.shared.pd, pool, AccessFlags::ALL_DATA)
+        let access = if self.shared.windows {
+            AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND
+        } else {
+            AccessFlags::ALL_DATA
+        };
+        register_pool(&self.shared.pd, pool, access)
             .map_err(|e| Error::rdma("registering the buffer pool (raise `ulimit -l`?)", e))
+    }
+
+    /// Whether I/O commands carry per-command memory-window keys
+    /// ([`ControllerOptions::memory_windows`] and a device that has them).
+    pub fn uses_memory_windows(&self) -> bool {
+        self.shared.windows
     }
 
     /// In-capsule data bytes I/O queues use for writes (0: keyed SGLs only).
@@ -794,6 +825,12 @@ impl Controller {
             .load(Ordering::Relaxed)
             .min(u32::from(u16::MAX)) as u16;
         let depth = depth.clamp(2, max.max(2));
+        // Connecting a queue takes a while (seconds under emulation); applications often
+        // create hundreds before their first poll_admin, so keep the association alive
+        // here too.
+        if self.is_live() {
+            self.pump_live()?;
+        }
         let qid = self.next_qid;
         let qp = IoQpair::connect(Arc::clone(&self.shared), qid, depth)?;
         self.next_qid += 1;

@@ -14,21 +14,24 @@
 //!   slots, response receives, allocation-free polling.
 //! - [`controller`]: the admin side, in the Linux host's bring-up order.
 //! - [`qpair`]: I/O queue pairs: Read / Write / Compare / Flush / Write Zeroes / Dataset
-//!   Management over keyed SGLs, or in-capsule data for writes that fit.
+//!   Management over keyed SGLs (per-command keys), or in-capsule data for writes that fit.
 //! - [`discovery`], [`histogram`] (for `nvmf-perf`), [`host`] (host NQN and ID).
 //!
 //! # Data buffers and remote invalidation
 //!
 //! Data lives in [`BufferPool`](nvmf_common::buffer::BufferPool)s registered once on the
-//! controller's protection domain ([`Controller::register_pool`]); each command names its
-//! buffer with the pool's rkey. Because that key covers the whole pool and outlives every
-//! command, keyed SGLs always use the ADDRESS subtype, never the Invalidate-Key subtype (0x4F):
-//! a target honouring 0x4F would revoke the pool's key. A target that invalidates anyway (a
-//! receive completion flagged with an invalidated rkey, including rxe's kernel-valued flag) is
-//! a protocol violation and breaks the queue. Per-command keys (memory windows bound per I/O,
-//! 0x4F, and a local invalidate when the target did not send with invalidate) would be needed
-//! to offer remote invalidation; the verbs layer has memory windows, this crate does not use
-//! them yet.
+//! controller's protection domain ([`Controller::register_pool`]). Where the device has type 2
+//! memory windows (rxe and most RNICs do), each command gets its own key, as the Linux host
+//! gets one from fast registration: the CID's window is bound over exactly the command's
+//! buffer, with remote write for reads and remote read for writes, and the keyed SGL uses the
+//! Invalidate-Key subtype (0x4F). The target answers with SEND_WITH_INVALIDATE of that key
+//! (the kernel's nvmet-rdma does) or with a plain SEND, and then the queue posts a
+//! LOCAL_INV; the command completes, and its buffer comes back, only once the key is
+//! invalid. The pool itself is then registered without remote access, so a target can never
+//! reach a buffer outside a command's window and lifetime. An invalidation of any other key
+//! is a protocol violation and breaks the queue. With
+//! [`ControllerOptions::memory_windows`] off (or a device without windows) commands carry the
+//! pool registration's key with the ADDRESS subtype.
 //!
 //! # A C-callable wrapper (fio)
 //!

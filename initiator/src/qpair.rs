@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvmf_common::buffer::IoBuf;
-use nvmf_common::rdma::{AccessFlags, DmaBuf, Sge};
+use nvmf_common::rdma::{AccessFlags, DmaBuf, MemoryRegion, Sge};
 use nvmf_common::spec::{Command, Completion, ConnectCommand, ConnectData, Status};
 use zerocopy::IntoBytes;
 
@@ -99,7 +99,8 @@ pub enum SubmitErrorKind {
     Failed,
     /// The buffer is longer than the controller's maximum transfer.
     TooLarge,
-    /// Invalid arguments (e.g. zero blocks, a block count above 65536).
+    /// Invalid arguments (e.g. zero blocks, a block count above 65536, a buffer from a pool
+    /// not registered on this controller).
     Invalid,
 }
 
@@ -126,6 +127,10 @@ pub struct QpairStats {
     pub timeouts: u64,
     pub reconnects: u64,
     pub requeued: u64,
+    /// Commands whose memory-window key the target invalidated with its response.
+    pub remote_invalidations: u64,
+    /// Commands whose key we invalidated (the target answered with a plain SEND).
+    pub local_invalidations: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,18 +198,31 @@ fn connect_queue(shared: &Shared, qid: u16, depth: u16) -> Result<RdmaQueue> {
         Some(&shared.pd),
         qid,
         depth,
+        shared.windows,
         opts.connect_timeout,
     )?;
     let cntlid = shared.cntlid.load(Ordering::Acquire);
     let cd = ConnectData::new(shared.host.id, cntlid, &shared.tid.subnqn, &shared.host.nqn);
-    let mut buf = DmaBuf::new(&shared.pd, cd.as_bytes().len(), AccessFlags::ALL_DATA)
+    let in_capsule = cd.as_bytes().len() <= shared.in_capsule.load(Ordering::Relaxed) as usize;
+    let access = if in_capsule {
+        AccessFlags::LOCAL_WRITE
+    } else {
+        AccessFlags::ALL_DATA
+    };
+    let mut buf = DmaBuf::new(&shared.pd, cd.as_bytes().len(), access)
         .map_err(|e| Error::rdma("registering the Connect data", e))?;
     buf.write_at(0, cd.as_bytes());
     let sge = buf.sge(0, buf.len()).expect("whole buffer");
-    let data = Data::Keyed {
-        addr: sge.addr,
-        len: sge.length,
-        rkey: buf.mr().rkey(),
+    // As the Linux host: an I/O queue's Connect data travels in the capsule when the
+    // controller takes that much (the admin queue has no in-capsule data).
+    let data = if in_capsule {
+        Data::InCapsule(sge)
+    } else {
+        Data::Keyed {
+            addr: sge.addr,
+            len: sge.length,
+            rkey: buf.mr().rkey(),
+        }
     };
     let mut cmd = ConnectCommand::new(0, qid, depth - 1, 0).to_command();
     let rsp = q.run_sync(&mut cmd, data, opts.connect_timeout, "Connect")?;
@@ -267,7 +285,13 @@ impl IoQpair {
     }
 
     pub fn stats(&self) -> QpairStats {
-        self.stats
+        let mut s = self.stats;
+        if let Some(q) = &self.queue {
+            let k = q.key_stats();
+            s.remote_invalidations += k.remote_invalidations;
+            s.local_invalidations += k.local_invalidations;
+        }
+        s
     }
 
     /// In-capsule data limit in force (writes up to this size travel inside the command).
@@ -405,6 +429,17 @@ impl IoQpair {
                 });
             }
         }
+        if let Some(b) = &buf {
+            let keyed = dir == DataDir::FromController
+                || (dir == DataDir::ToController && b.len() as u64 > u64::from(self.in_capsule));
+            if keyed && self.shared.windows && window_over(b, dir).is_none() {
+                // Not from a pool registered on this controller.
+                return Err(SubmitError {
+                    kind: SubmitErrorKind::Invalid,
+                    buf,
+                });
+            }
+        }
         let inflight = usize::from(self.queue.as_ref().map_or(0, |q| q.outstanding() as u16));
         if inflight + self.requeue.len() >= usize::from(self.depth) {
             return Err(SubmitError {
@@ -447,6 +482,17 @@ impl IoQpair {
                     lkey: b.lkey(),
                 })
             }
+            (Some(b), dir) if q.has_windows() => match window_over(b, dir) {
+                Some(data) => data,
+                None => {
+                    self.pending_fault = Some(QueueFault::Verb(
+                        "the buffer's pool is not registered for memory windows on this \
+                         controller (Controller::register_pool)"
+                            .into(),
+                    ));
+                    return Err(io);
+                }
+            },
             (Some(b), _) => Data::Keyed {
                 addr: b.addr(),
                 len: b.len() as u32,
@@ -553,6 +599,9 @@ impl IoQpair {
         // the buffers we are about to hand back. Dropping it destroys the QP.
         if let Some(mut q) = self.queue.take() {
             q.disconnect(Duration::ZERO);
+            let k = q.key_stats();
+            self.stats.remote_invalidations += k.remote_invalidations;
+            self.stats.local_invalidations += k.local_invalidations;
         }
         let reason = match &why {
             Teardown::Fault(f) => format!("queue {} to {}: {f}", self.qid, self.shared.peer),
@@ -665,6 +714,26 @@ impl IoQpair {
             q.disconnect(Duration::from_secs(1));
         }
     }
+}
+
+/// The command's data as a window over `buf`'s pool registration: the target may only
+/// read what it sends to the controller, and only write what it returns.
+fn window_over(buf: &IoBuf, dir: DataDir) -> Option<Data<'_>> {
+    let mr = buf
+        .registration()?
+        .downcast_ref::<Arc<MemoryRegion>>()
+        .filter(|mr| mr.access().contains(AccessFlags::MW_BIND))?;
+    let offset = usize::try_from(buf.addr().checked_sub(mr.addr() as u64)?).ok()?;
+    let access = match dir {
+        DataDir::FromController => AccessFlags::REMOTE_WRITE,
+        _ => AccessFlags::REMOTE_READ,
+    };
+    Some(Data::Window {
+        mr,
+        offset,
+        len: buf.len() as u32,
+        access,
+    })
 }
 
 fn complete(io: Io, status: IoStatus) -> IoCompletion {

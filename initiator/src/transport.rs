@@ -13,14 +13,26 @@
 //! completions into a fixed array and reposts the receives before anything else runs, so a
 //! command submitted from a completion handler always finds a receive for its response.
 //! Nothing on this path locks or allocates.
+//!
+//! Per-command keys (as the Linux host's fast registration): when the device has type 2
+//! memory windows, every CID owns one. A command with data in host memory binds its window
+//! over exactly that buffer (a BIND_MW chained before the command SEND) and names the
+//! window's fresh key with the Keyed SGL subtype Invalidate (0x0F). The target then either
+//! invalidates the key itself with SEND_WITH_INVALIDATE (the receive completion reports
+//! which key: it must be the command's), or answers with a plain SEND, and we post a
+//! LOCAL_INV. A command completes only once its SEND completed, its response arrived and
+//! its key is invalid, so the buffer goes back to the caller only when no late or stray
+//! RDMA operation can reach it. The buffer pools themselves are then registered without
+//! remote access.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvmf_common::rdma::{
-    AccessFlags, CmEventKind, CmId, CompletionQueue, ConnParams, DmaBuf, EventChannel,
-    ProtectionDomain, QpCaps, QueuePair, RdmaError, RecvWr, SendWr, Sge, WorkCompletion,
+    AccessFlags, CmEventKind, CmId, CompletionQueue, ConnParams, DeviceCapFlags, DmaBuf,
+    EventChannel, MemoryRegion, MemoryWindow, ProtectionDomain, QpCaps, QueuePair, RdmaError,
+    RecvWr, SendWr, Sge, WorkCompletion,
 };
 use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmReject, RdmaCmRejectStatus, RdmaCmRequest};
 use nvmf_common::spec::{Command, Completion, SglDescriptor};
@@ -32,8 +44,14 @@ const SQE_LEN: usize = 64;
 const CQE_LEN: usize = 16;
 /// Work completions taken per `ibv_poll_cq`.
 pub(crate) const POLL_BATCH: usize = 32;
-/// Receive completions carry this bit in their work request id; sends carry the CID.
+/// Receive completions carry this bit in their work request id; command SENDs carry the CID.
 const RECV_BIT: u64 = 1 << 63;
+/// A LOCAL_INV of the CID's window.
+const LOCAL_INV_BIT: u64 = 1 << 62;
+/// A BIND_MW of the CID's window (unsignaled: only seen when it fails).
+const BIND_BIT: u64 = 1 << 61;
+/// Send-queue entries a command may hold at once: window bind, command SEND, LOCAL_INV.
+const SENDS_PER_CMD: u32 = 3;
 /// IB CM reject reason "invalid service ID": nothing listens on the port.
 const IB_CM_REJ_INVALID_SERVICE_ID: i32 = 8;
 /// wc_flags bit 2: rxe reports remote invalidation with the kernel's IB_WC_WITH_INVALIDATE
@@ -42,15 +60,19 @@ const RXE_WC_WITH_INVALIDATE: u32 = 1 << 2;
 
 /// Where a command's data is.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Data {
+pub(crate) enum Data<'a> {
     None,
-    /// Host memory the target reaches with RDMA READ / WRITE under `rkey`. Always the plain
-    /// ADDRESS subtype: our buffers live in one long-lived registration per pool, whose key
-    /// must never be invalidated (see the crate docs).
-    Keyed {
-        addr: u64,
+    /// Host memory the target reaches with RDMA READ / WRITE under `rkey`, a long-lived
+    /// registration's key: the plain ADDRESS subtype, never invalidated.
+    Keyed { addr: u64, len: u32, rkey: u32 },
+    /// `len` bytes at `offset` of `mr`, exposed for this command alone through the CID's
+    /// memory window with `access` (see the module docs). Only on queues with
+    /// [`RdmaQueue::has_windows`].
+    Window {
+        mr: &'a Arc<MemoryRegion>,
+        offset: usize,
         len: u32,
-        rkey: u32,
+        access: AccessFlags,
     },
     /// Data sent inside the command capsule, right after the SQE.
     InCapsule(Sge),
@@ -61,11 +83,44 @@ struct Slot {
     busy: bool,
     send_done: bool,
     rsp: Option<Completion>,
+    /// The key of the command's window while it may still be valid.
+    key: Option<u32>,
+}
+
+impl Slot {
+    fn finished(&self) -> bool {
+        self.send_done && self.rsp.is_some() && self.key.is_none()
+    }
+}
+
+/// How the keys of finished commands were invalidated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyStats {
+    /// By the target's SEND_WITH_INVALIDATE.
+    pub remote_invalidations: u64,
+    /// By our LOCAL_INV, because the target answered with a plain SEND.
+    pub local_invalidations: u64,
+}
+
+/// Whether `ctx`'s device can give each command its own key: type 2 memory windows, and
+/// the invalidation verbs.
+pub(crate) fn device_has_windows(pd: &ProtectionDomain) -> bool {
+    pd.context().query_device().is_ok_and(|a| {
+        let caps = a.device_cap_flags;
+        caps.contains(DeviceCapFlags::MEM_MGT_EXTENSIONS)
+            && (caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2B)
+                || caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2A))
+    })
 }
 
 /// A connected queue.
 pub(crate) struct RdmaQueue {
-    // Field order is drop order: the QP (and its CQ) before the CM id and its channel.
+    // Field order is drop order. Windows first: a bound type 2 window holds a reference on
+    // the QP it was bound through, and rxe's QP destruction waits (for long, then warns)
+    // for such references to go. Deallocating a window revokes its key, so this is safe
+    // whatever state the QP is in. Then the QP (and its CQ) before the CM id and its channel.
+    /// One per CID when the queue gives commands their own keys; empty otherwise.
+    windows: Vec<MemoryWindow>,
     qp: QueuePair,
     cq: Arc<CompletionQueue>,
     id: CmId,
@@ -73,6 +128,7 @@ pub(crate) struct RdmaQueue {
     cmds: DmaBuf,
     rsps: DmaBuf,
     slots: Vec<Slot>,
+    key_stats: KeyStats,
     free: Vec<u16>,
     wcs: [WorkCompletion; POLL_BATCH],
     qid: u16,
@@ -167,12 +223,14 @@ pub(crate) fn connect_private_data(qid: u16, depth: u16) -> RdmaCmRequest {
 impl RdmaQueue {
     /// Resolves `peer`, creates the QP on `pd` (or on a new PD of the device the route goes
     /// through, returned), connects with the NVMe-oF private data and waits for the accept.
-    /// The queue has `depth` entries (at least 2).
+    /// The queue has `depth` entries (at least 2); with `windows`, one memory window per
+    /// entry (see the module docs).
     pub(crate) fn connect(
         peer: SocketAddr,
         pd: Option<&Arc<ProtectionDomain>>,
         qid: u16,
         depth: u16,
+        windows: bool,
         timeout: Duration,
     ) -> Result<(Self, Arc<ProtectionDomain>)> {
         if depth < 2 {
@@ -223,8 +281,8 @@ impl RdmaQueue {
             None => ProtectionDomain::new(&ctx).map_err(|e| Error::rdma("ibv_alloc_pd", e))?,
         };
         let n = u32::from(depth);
-        let cq =
-            CompletionQueue::new(&ctx, 2 * n + 8).map_err(|e| Error::rdma("ibv_create_cq", e))?;
+        let cq = CompletionQueue::new(&ctx, (SENDS_PER_CMD + 1) * n + 8)
+            .map_err(|e| Error::rdma("ibv_create_cq", e))?;
         let qp = id
             .create_qp(
                 &pd,
@@ -232,7 +290,7 @@ impl RdmaQueue {
                 &cq,
                 None,
                 QpCaps {
-                    max_send_wr: n + 1,
+                    max_send_wr: SENDS_PER_CMD * n + 1,
                     max_recv_wr: n,
                     max_send_sge: 2,
                     max_recv_sge: 1,
@@ -244,6 +302,14 @@ impl RdmaQueue {
             .map_err(|e| Error::rdma("registering command slots", e))?;
         let rsps = DmaBuf::new(&pd, depth as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
             .map_err(|e| Error::rdma("registering response buffers", e))?;
+        let windows = if windows {
+            (0..depth)
+                .map(|_| MemoryWindow::new(&pd))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| Error::rdma("allocating memory windows", e))?
+        } else {
+            Vec::new()
+        };
         let mut q = Self {
             qp,
             cq,
@@ -252,6 +318,8 @@ impl RdmaQueue {
             cmds,
             rsps,
             slots: vec![Slot::default(); usize::from(depth)],
+            windows,
+            key_stats: KeyStats::default(),
             free: (0..depth).rev().collect(),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             qid,
@@ -303,6 +371,15 @@ impl RdmaQueue {
         usize::from(self.depth) - self.free.len()
     }
 
+    /// Whether commands get their own keys ([`Data::Window`]).
+    pub(crate) fn has_windows(&self) -> bool {
+        !self.windows.is_empty()
+    }
+
+    pub(crate) fn key_stats(&self) -> KeyStats {
+        self.key_stats
+    }
+
     fn post_recvs(&self, slots: &[u16]) -> std::result::Result<(), RdmaError> {
         let mut sges = [Sge::default(); POLL_BATCH];
         for chunk in slots.chunks(POLL_BATCH) {
@@ -335,6 +412,7 @@ impl RdmaQueue {
             return Ok(None);
         };
         cmd.cid.set(cid);
+        let mut key = None;
         let data_sge = match data {
             Data::None => {
                 cmd.set_sgl(SglDescriptor::null());
@@ -342,6 +420,21 @@ impl RdmaQueue {
             }
             Data::Keyed { addr, len, rkey } => {
                 cmd.set_sgl(SglDescriptor::keyed(addr, len, rkey, false));
+                None
+            }
+            Data::Window { mr, offset, len, .. } => {
+                let Some(mw) = self.windows.get(usize::from(cid)) else {
+                    self.free.push(cid);
+                    return Err(QueueFault::Verb("this queue has no memory windows".into()));
+                };
+                let rkey = mw.next_rkey();
+                key = Some(rkey);
+                cmd.set_sgl(SglDescriptor::keyed(
+                    mr.remote_addr(offset),
+                    len,
+                    rkey,
+                    true,
+                ));
                 None
             }
             Data::InCapsule(sge) => {
@@ -358,10 +451,29 @@ impl RdmaQueue {
             data_sge.unwrap_or_default(),
         ];
         let n = 1 + usize::from(data_sge.is_some());
-        if let Err(e) = self
-            .qp
-            .post_send(&[SendWr::send(u64::from(cid), &sges[..n])])
-        {
+        let send = SendWr::send(u64::from(cid), &sges[..n]);
+        let posted = match data {
+            Data::Window {
+                mr,
+                offset,
+                len,
+                access,
+            } => {
+                // The bind is processed before the SEND that names its key, on this QP.
+                let bind = SendWr::bind_mw(
+                    BIND_BIT | u64::from(cid),
+                    &self.windows[usize::from(cid)],
+                    mr,
+                    offset,
+                    len as usize,
+                    access,
+                )
+                .signaled(false);
+                self.qp.post_send(&[bind, send])
+            }
+            _ => self.qp.post_send(&[send]),
+        };
+        if let Err(e) = posted {
             self.free.push(cid);
             return Err(QueueFault::Verb(e.to_string()));
         }
@@ -369,6 +481,7 @@ impl RdmaQueue {
             busy: true,
             send_done: false,
             rsp: None,
+            key,
         };
         Ok(Some(cid))
     }
@@ -389,6 +502,7 @@ impl RdmaQueue {
         }
         // Pass 1: copy the responses out and give their receive buffers back at once.
         let mut cqes = [Completion::default(); POLL_BATCH];
+        let mut invalidated = [None; POLL_BATCH];
         let mut recv_slots = [0u16; POLL_BATCH];
         let mut nrecv = 0;
         for i in 0..n {
@@ -414,59 +528,75 @@ impl RdmaQueue {
             let mut raw = [0u8; CQE_LEN];
             self.rsps.read_at(usize::from(slot) * CQE_LEN, &mut raw);
             cqes[nrecv] = Completion::read_from_bytes(&raw).expect("16 bytes make one CQE");
-            recv_slots[nrecv] = slot;
-            nrecv += 1;
-            let inv = wc
+            invalidated[nrecv] = wc
                 .invalidated_rkey()
                 .or_else(|| (wc.wc_flags() & RXE_WC_WITH_INVALIDATE != 0).then(|| wc.ex_data()));
-            if let Some(rkey) = inv {
-                // We never ask for invalidation (ADDRESS subtype only): a target that
-                // invalidates anyway has just revoked a whole buffer pool's key.
-                return Err(QueueFault::Protocol(format!(
-                    "the target invalidated rkey {rkey:#x} with SEND_WITH_INVALIDATE, \
-                     although no command asked for it"
-                )));
-            }
+            recv_slots[nrecv] = slot;
+            nrecv += 1;
         }
         if nrecv > 0 {
             self.post_recvs(&recv_slots[..nrecv])
                 .map_err(|e| QueueFault::Verb(e.to_string()))?;
         }
-        // Pass 2: pair sends with responses.
+        // Pass 2: pair sends, responses and invalidations.
         let mut done = 0;
         let mut r = 0;
         for i in 0..n {
-            let wc = self.wcs[i];
-            let (cid, rsp) = if wc.wr_id() & RECV_BIT != 0 {
-                let cqe = cqes[r];
-                r += 1;
-                (cqe.cid.get(), Some(cqe))
+            let wr_id = self.wcs[i].wr_id();
+            let cid = if wr_id & RECV_BIT != 0 {
+                cqes[r].cid.get()
             } else {
-                (wc.wr_id() as u16, None)
+                wr_id as u16
             };
             let Some(slot) = self.slots.get_mut(usize::from(cid)).filter(|s| s.busy) else {
                 return Err(QueueFault::Protocol(format!(
                     "completion for CID {cid}, which is not outstanding"
                 )));
             };
-            match rsp {
-                Some(cqe) => {
-                    if slot.rsp.is_some() {
+            if wr_id & RECV_BIT != 0 {
+                let (cqe, inv) = (cqes[r], invalidated[r]);
+                r += 1;
+                if slot.rsp.is_some() {
+                    return Err(QueueFault::Protocol(format!(
+                        "second response for CID {cid}"
+                    )));
+                }
+                slot.rsp = Some(cqe);
+                match (inv, slot.key) {
+                    (Some(rkey), Some(key)) if rkey == key => {
+                        slot.key = None;
+                        self.key_stats.remote_invalidations += 1;
+                    }
+                    (Some(rkey), _) => {
+                        // A key of another command, or of a whole registration: that
+                        // command's buffer (or a pool) just lost its protection or its use.
                         return Err(QueueFault::Protocol(format!(
-                            "second response for CID {cid}"
+                            "the target invalidated rkey {rkey:#x} in the response to CID \
+                             {cid}, which did not ask for that"
                         )));
                     }
-                    slot.rsp = Some(cqe);
+                    (None, Some(key)) => {
+                        self.qp
+                            .post_send(&[SendWr::local_invalidate(
+                                LOCAL_INV_BIT | u64::from(cid),
+                                key,
+                            )])
+                            .map_err(|e| QueueFault::Verb(e.to_string()))?;
+                        self.key_stats.local_invalidations += 1;
+                    }
+                    (None, None) => {}
                 }
-                None => slot.send_done = true,
+            } else if wr_id & LOCAL_INV_BIT != 0 {
+                slot.key = None;
+            } else {
+                slot.send_done = true;
             }
-            if slot.send_done {
-                if let Some(cqe) = slot.rsp.take() {
-                    *slot = Slot::default();
-                    self.free.push(cid);
-                    out[done] = (cid, cqe);
-                    done += 1;
-                }
+            if slot.finished() {
+                let cqe = slot.rsp.take().expect("a finished command has its response");
+                *slot = Slot::default();
+                self.free.push(cid);
+                out[done] = (cid, cqe);
+                done += 1;
             }
         }
         Ok(done)

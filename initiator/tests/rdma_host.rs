@@ -3,6 +3,12 @@
 //! Flush, as the controller's ONCS allows), two qpairs on two threads, keep-alive across
 //! more than a KATO of idle time, clean disconnect.
 //!
+//! Data keys: with memory windows (the default where the device has them) every keyed
+//! command's key must be invalidated, by the target's SEND_WITH_INVALIDATE or by our
+//! LOCAL_INV; `NVMF_RDMA_TEST_INVALIDATION=remote|local` says which one this target must
+//! have caused (the kernel's nvmet-rdma always invalidates remotely; our target does not on
+//! soft-RoCE). A second test runs the same data path with the pool registration's key.
+//!
 //! Runs only when `NVMF_RDMA_TEST_ADDR` names the target's address (a target must listen
 //! there; the lab scenarios `initiator-*` set one up). `NVMF_RDMA_TEST_PORT` (4420) and
 //! `NVMF_RDMA_TEST_SUBNQN` (nqn.2016-06.io.spdk:cnode1) pick the subsystem; namespace 1 is
@@ -51,6 +57,94 @@ fn one(qp: &mut IoQpair) -> IoCompletion {
     wait(qp, 1).pop().unwrap()
 }
 
+/// Writes one block (in-capsule when the controller takes it) and 64 KiB (keyed), reads
+/// both back and compares them (as ONCS allows). Returns how many commands carried a key.
+fn write_read_compare(
+    qp: &mut IoQpair,
+    pool: &BufferPool,
+    bs: usize,
+    in_capsule: u32,
+    oncs: u16,
+) -> u64 {
+    let mut keyed = 0;
+    for (lba, len) in [(8u64, bs), (64u64, 64 * 1024)] {
+        if len > in_capsule as usize {
+            keyed += 1;
+        }
+        let mut b = pool.get().unwrap();
+        b.set_len(len);
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (i as u64 ^ lba) as u8;
+        }
+        let nlb = (len / bs) as u32;
+        qp.write(1, lba, nlb, b, lba).unwrap();
+        let c = one(qp);
+        assert!(c.status.is_success(), "write {len} at {lba}: {}", c.status);
+        assert_eq!(c.tag, lba);
+        let b = c.buf.expect("buffer back");
+        qp.read(
+            1,
+            lba,
+            nlb,
+            {
+                let mut r = b;
+                r.iter_mut().for_each(|x| *x = 0);
+                r
+            },
+            1000 + lba,
+        )
+        .unwrap();
+        let c = one(qp);
+        keyed += 1;
+        assert!(c.status.is_success(), "read: {}", c.status);
+        let r = c.buf.unwrap();
+        assert!(
+            r.iter()
+                .enumerate()
+                .all(|(i, &x)| x == (i as u64 ^ lba) as u8),
+            "data at {lba} differs"
+        );
+        if oncs & ONCS_COMPARE != 0 {
+            qp.compare(1, lba, nlb, r, 0).unwrap();
+            let c = one(qp);
+            assert!(c.status.is_success(), "compare equal: {}", c.status);
+            if len > in_capsule as usize {
+                keyed += 2;
+            }
+            let mut r = c.buf.unwrap();
+            r[0] ^= 0xFF;
+            qp.compare(1, lba, nlb, r, 0).unwrap();
+            let c = one(qp);
+            assert!(
+                matches!(c.status, IoStatus::Nvme(s) if s.same_code(Status::COMPARE_FAILURE)),
+                "compare different: {}",
+                c.status
+            );
+        }
+    }
+    keyed
+}
+
+/// With windows, every keyed command's key was invalidated, the way the target is expected
+/// to cause (`NVMF_RDMA_TEST_INVALIDATION`); without, nothing was.
+fn check_invalidations(qp: &IoQpair, windows: bool, keyed: u64) {
+    let st = qp.stats();
+    eprintln!(
+        "keys: {keyed} keyed commands, {} invalidated by the target, {} locally",
+        st.remote_invalidations, st.local_invalidations
+    );
+    if !windows {
+        assert_eq!(st.remote_invalidations + st.local_invalidations, 0);
+        return;
+    }
+    assert_eq!(st.remote_invalidations + st.local_invalidations, keyed);
+    match std::env::var("NVMF_RDMA_TEST_INVALIDATION").as_deref() {
+        Ok("remote") => assert_eq!(st.local_invalidations, 0, "{st:?}"),
+        Ok("local") => assert_eq!(st.remote_invalidations, 0, "{st:?}"),
+        _ => {}
+    }
+}
+
 #[test]
 fn io_commands_keep_alive_and_threads() {
     let Some(tid) = target() else { return };
@@ -80,55 +174,11 @@ fn io_commands_keep_alive_and_threads() {
     assert_eq!(qps.len(), 2);
     let mut qp = qps.remove(0);
 
-    // Write: one block (in-capsule when the controller takes it) and 64 KiB (keyed).
-    for (lba, len) in [(8u64, bs), (64u64, 64 * 1024)] {
-        let mut b = pool.get().unwrap();
-        b.set_len(len);
-        for (i, x) in b.iter_mut().enumerate() {
-            *x = (i as u64 ^ lba) as u8;
-        }
-        let nlb = (len / bs) as u32;
-        qp.write(1, lba, nlb, b, lba).unwrap();
-        let c = one(&mut qp);
-        assert!(c.status.is_success(), "write {len} at {lba}: {}", c.status);
-        assert_eq!(c.tag, lba);
-        let b = c.buf.expect("buffer back");
-        qp.read(
-            1,
-            lba,
-            nlb,
-            {
-                let mut r = b;
-                r.iter_mut().for_each(|x| *x = 0);
-                r
-            },
-            1000 + lba,
-        )
-        .unwrap();
-        let c = one(&mut qp);
-        assert!(c.status.is_success(), "read: {}", c.status);
-        let r = c.buf.unwrap();
-        assert!(
-            r.iter()
-                .enumerate()
-                .all(|(i, &x)| x == (i as u64 ^ lba) as u8),
-            "data at {lba} differs"
-        );
-        if oncs & ONCS_COMPARE != 0 {
-            qp.compare(1, lba, nlb, r, 0).unwrap();
-            let c = one(&mut qp);
-            assert!(c.status.is_success(), "compare equal: {}", c.status);
-            let mut r = c.buf.unwrap();
-            r[0] ^= 0xFF;
-            qp.compare(1, lba, nlb, r, 0).unwrap();
-            let c = one(&mut qp);
-            assert!(
-                matches!(c.status, IoStatus::Nvme(s) if s.same_code(Status::COMPARE_FAILURE)),
-                "compare different: {}",
-                c.status
-            );
-        }
-    }
+    let windows = ctrl.uses_memory_windows();
+    eprintln!("memory windows: {windows}");
+    let keyed = write_read_compare(&mut qp, &pool, bs, ctrl.in_capsule_size(), oncs);
+    check_invalidations(&qp, windows, keyed);
+
     if oncs & ONCS_WRITE_ZEROES != 0 {
         qp.write_zeroes(1, 64, 4, false, 7).unwrap();
         assert!(one(&mut qp).status.is_success());
@@ -225,5 +275,32 @@ fn io_commands_keep_alive_and_threads() {
         qp.disconnect();
     }
     assert!(ctrl.is_live());
+    ctrl.disconnect().expect("clean shutdown");
+}
+
+#[test]
+fn pool_keys_without_memory_windows() {
+    let Some(tid) = target() else { return };
+    let opts = ControllerOptions {
+        io_queues: 1,
+        io_queue_depth: 8,
+        memory_windows: false,
+        ..ControllerOptions::default()
+    };
+    let mut ctrl = Controller::connect(&tid, opts).expect("connect");
+    assert!(!ctrl.uses_memory_windows());
+    let oncs = ctrl.identify().oncs.get();
+    let bs = ctrl
+        .namespace(1)
+        .expect("identify ns")
+        .expect("namespace 1 active")
+        .block_size as usize;
+    let pool = BufferPool::new(64 * 1024, 4).unwrap();
+    ctrl.register_pool(&pool).expect("register pool");
+    let mut qp = ctrl.take_io_qpairs().pop().unwrap();
+    let keyed = write_read_compare(&mut qp, &pool, bs, ctrl.in_capsule_size(), oncs);
+    assert!(keyed > 0);
+    check_invalidations(&qp, false, keyed);
+    qp.disconnect();
     ctrl.disconnect().expect("clean shutdown");
 }

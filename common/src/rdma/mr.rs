@@ -225,7 +225,9 @@ pub fn register_pool(
     // discipline the contract asks for.
     let mr = unsafe { MemoryRegion::register_raw(pd, addr, len, access, Arc::new(()))? };
     let (lkey, rkey) = (mr.lkey(), mr.rkey());
-    pool.set_registration(lkey, rkey, Box::new(mr))
+    // Stored as an `Arc` so users can find the region again from a buffer
+    // (`IoBuf::registration`), e.g. to bind memory windows over it.
+    pool.set_registration(lkey, rkey, Box::new(Arc::new(mr)))
         .map_err(|_| RdmaError::InvalidArgument("buffer pool is already registered"))
 }
 

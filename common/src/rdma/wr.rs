@@ -11,13 +11,11 @@
 
 use std::mem::{self, MaybeUninit};
 use std::ptr;
-use std::sync::MutexGuard;
-
 use std::sync::Arc;
 
 use super::error::{errno_from_ret, RdmaError, Result};
 use super::mr::{AccessFlags, MemoryRegion};
-use super::mw::{inc_rkey, MemoryWindow};
+use super::mw::MemoryWindow;
 use super::sys;
 
 /// One scatter/gather entry: `length` bytes at `addr` inside the registration named by
@@ -62,7 +60,7 @@ pub enum SendOp<'a> {
 /// the new key `rkey` with `access`.
 #[derive(Clone, Copy)]
 pub struct MwBind<'a> {
-    pub mw: &'a Arc<MemoryWindow>,
+    pub mw: &'a MemoryWindow,
     pub mr: &'a Arc<MemoryRegion>,
     pub offset: usize,
     pub len: usize,
@@ -175,13 +173,13 @@ impl<'a> SendWr<'a> {
     /// (type 2B windows belong to the QP that bound them).
     pub fn bind_mw(
         wr_id: u64,
-        mw: &'a Arc<MemoryWindow>,
+        mw: &'a MemoryWindow,
         mr: &'a Arc<MemoryRegion>,
         offset: usize,
         len: usize,
         access: AccessFlags,
     ) -> Self {
-        let rkey = inc_rkey(mw.rkey());
+        let rkey = mw.next_rkey();
         Self::new(
             wr_id,
             SendOp::BindMw(MwBind {
@@ -267,7 +265,7 @@ pub(crate) fn validate_send(max_inline: u32, wrs: &[SendWr<'_>]) -> Result<()> {
             }
             let twice = wrs[..i]
                 .iter()
-                .any(|w| matches!(w.op, SendOp::BindMw(p) if Arc::ptr_eq(p.mw, b.mw)));
+                .any(|w| matches!(w.op, SendOp::BindMw(p) if std::ptr::eq(p.mw, b.mw)));
             if twice {
                 return Err(RdmaError::InvalidArgument(
                     "a memory window is bound twice in one post",
@@ -292,27 +290,19 @@ pub(crate) unsafe fn post_send(
     validate_send(max_inline, wrs)?;
     for (chunk_no, chunk) in wrs.chunks(MAX_CHAIN).enumerate() {
         let base = chunk_no * MAX_CHAIN;
-        // Windows bound in this chunk stay locked across the post (validation rejected a
-        // window bound twice, which would deadlock here).
-        let mut guards: [Option<MutexGuard<'_, Option<Arc<MemoryRegion>>>>; MAX_CHAIN] =
-            [const { None }; MAX_CHAIN];
-        for (guard, wr) in guards.iter_mut().zip(chunk) {
-            if let SendOp::BindMw(b) = wr.op {
-                *guard = Some(b.mw.lock_bind());
-            }
-        }
         // SAFETY: forwarded from the caller; the chunk was validated.
         let result = unsafe { post_send_chunk(qp, chunk) };
         let posted = match &result {
             Ok(()) => chunk.len(),
             Err((_, i)) => *i,
         };
-        for (guard, wr) in guards.iter_mut().zip(&chunk[..posted]) {
-            if let (SendOp::BindMw(b), Some(g)) = (wr.op, guard.as_mut()) {
-                b.mw.commit_bind(g, b.rkey, b.mr);
+        // Validation rejected a window bound twice in one post, so each window's key is
+        // read by the provider before it is updated here.
+        for wr in &chunk[..posted] {
+            if let SendOp::BindMw(b) = wr.op {
+                b.mw.commit_bind(b.rkey, b.mr);
             }
         }
-        drop(guards);
         result.map_err(|(source, i)| RdmaError::PostSend {
             source,
             index: base + i,

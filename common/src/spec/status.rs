@@ -331,12 +331,28 @@ impl Default for Status {
     }
 }
 
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.name() {
-            Some(name) => write!(f, "{name}")?,
-            None => write!(f, "unknown")?,
+impl Status {
+    /// The status as a Fabrics Connect command's (NVMe-oF 1.1, 3.3.1): command specific codes
+    /// 80h-84h have their Connect meaning rather than the I/O command set's.
+    pub fn in_connect(self) -> impl fmt::Display {
+        struct InConnect(Status);
+        impl fmt::Display for InConnect {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let s = self.0;
+                let name = match (s.sct, s.sc) {
+                    (StatusCodeType::COMMAND_SPECIFIC, 0x80) => Some("INCOMPATIBLE_FORMAT"),
+                    (StatusCodeType::COMMAND_SPECIFIC, 0x81) => Some("CONTROLLER_BUSY"),
+                    (StatusCodeType::COMMAND_SPECIFIC, 0x82) => Some("CONNECT_INVALID_PARAMETERS"),
+                    _ => s.name(),
+                };
+                s.fmt_named(name, f)
+            }
         }
+        InConnect(self)
+    }
+
+    fn fmt_named(self, name: Option<&str>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(name.unwrap_or("unknown"))?;
         write!(f, " (sct {:#x}, sc {:#04x}", self.sct.0, self.sc)?;
         if self.more {
             f.write_str(", MORE")?;
@@ -348,9 +364,29 @@ impl fmt::Display for Status {
     }
 }
 
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_named(self.name(), f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connect_statuses_have_their_fabrics_names() {
+        let s = Status::CONNECT_INVALID_PARAMETERS.with_dnr();
+        assert_eq!(
+            s.in_connect().to_string(),
+            "CONNECT_INVALID_PARAMETERS (sct 0x1, sc 0x82, DNR)"
+        );
+        assert!(s.to_string().starts_with("ATTEMPTED_WRITE_TO_READ_ONLY_RANGE or "));
+        assert_eq!(
+            Status::CONNECT_INVALID_HOST.in_connect().to_string(),
+            Status::CONNECT_INVALID_HOST.to_string()
+        );
+    }
 
     #[test]
     fn field_layout() {

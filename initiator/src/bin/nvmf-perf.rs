@@ -76,6 +76,10 @@ struct Args {
     /// Send writes as in-capsule data when the controller allows (0 disables).
     #[arg(long, default_value_t = 1)]
     in_capsule: u8,
+    /// Give each I/O its own memory-window key, invalidated when it completes, as the Linux
+    /// host does (0: every I/O carries the buffer pool registration's key).
+    #[arg(long, default_value_t = 1)]
+    memory_windows: u8,
     /// Empty polls in a row before a worker yields its core to other threads (0: never
     /// yield, pure spinning). On soft-RoCE the NIC is kernel CPU time on the same cores.
     #[arg(long, default_value_t = 0)]
@@ -387,6 +391,7 @@ fn options(args: &Args) -> anyhow::Result<ControllerOptions> {
         io_timeout: Duration::from_secs(args.io_timeout.max(1)),
         admin_timeout: Duration::from_secs(args.io_timeout.max(1) * 2),
         in_capsule_data: args.in_capsule != 0,
+        memory_windows: args.memory_windows != 0,
         reconnect,
         ..ControllerOptions::default()
     })
@@ -639,15 +644,30 @@ fn run(args: Args) -> anyhow::Result<bool> {
                 .map_err(|_| anyhow::anyhow!("a worker thread panicked"))?,
         );
     }
+    let mut keys = KeyUse {
+        windows: ctrls.iter().any(Controller::uses_memory_windows),
+        ..KeyUse::default()
+    };
     for c in results.iter_mut() {
         for qp in c.qpairs.drain(..) {
+            let st = qp.stats();
+            keys.remote_invalidations += st.remote_invalidations;
+            keys.local_invalidations += st.local_invalidations;
             qp.disconnect();
         }
     }
     for c in ctrls {
         let _ = c.disconnect();
     }
-    report(&args, &results, elapsed, &ctrl_errors)
+    report(&args, &results, elapsed, &ctrl_errors, keys)
+}
+
+/// How the I/Os' data keys were handled (see `ControllerOptions::memory_windows`).
+#[derive(Clone, Copy, Default)]
+struct KeyUse {
+    windows: bool,
+    remote_invalidations: u64,
+    local_invalidations: u64,
 }
 
 fn us(ns: u64) -> f64 {
@@ -659,6 +679,7 @@ fn report(
     results: &[NsCtx],
     elapsed: Duration,
     ctrl_errors: &[String],
+    keys: KeyUse,
 ) -> anyhow::Result<bool> {
     let secs = elapsed.as_secs_f64().max(1e-9);
     let mut total = Stats::default();
@@ -695,6 +716,12 @@ fn report(
                 },
             })
         };
+        let mut total_doc = one("Total", None, &total);
+        total_doc["keys"] = serde_json::json!({
+            "memory_windows": keys.windows,
+            "remote_invalidations": keys.remote_invalidations,
+            "local_invalidations": keys.local_invalidations,
+        });
         let doc = serde_json::json!({
             "config": {
                 "transport": args.transport,
@@ -708,7 +735,7 @@ fn report(
             },
             "elapsed_s": secs,
             "namespaces": results.iter().map(|c| one(&c.label, Some(c.core), &c.stats)).collect::<Vec<_>>(),
-            "total": one("Total", None, &total),
+            "total": total_doc,
             "errors": failures,
             "first_io_error": total.first_error,
         });
@@ -773,6 +800,14 @@ fn report(
                 total.writes,
                 100.0 * total.reads as f64 / (total.ios.max(1)) as f64
             );
+        }
+        if keys.windows {
+            println!(
+                "data keys: per-I/O memory windows, {} invalidated by the target, {} locally",
+                keys.remote_invalidations, keys.local_invalidations
+            );
+        } else {
+            println!("data keys: the buffer pool's registration");
         }
     }
     if total.errors > 0 {

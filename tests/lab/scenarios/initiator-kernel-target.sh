@@ -14,39 +14,13 @@ lab_init initiator-kernel-target
 runtime=${1:-5}
 port=4420
 ulimit -l unlimited
-PERF=$NVMF_BIN_DIR/nvmf-perf
-HOST=$NVMF_BIN_DIR/nvmf-host
-[[ -x $PERF && -x $HOST ]] || lab_fail "nvmf-perf / nvmf-host not built in $NVMF_BIN_DIR"
+source "$(dirname "${BASH_SOURCE[0]}")/../initiator-lib.sh"
 
 lab_rxe_up
 nullb=$(lab_null_blk 1 256 4096)
 ram=$(lab_brd 256 1)
 lab_kernel_target_up kt-nullb "$nullb" "$LAB_ADDR0" "$port"
 lab_kernel_target_up kt-ram "$ram" "$LAB_ADDR0" "$port"
-
-# perf_summary JSON: "IOPS p99 avg" of nvmf-perf --json output.
-perf_summary() {
-    /usr/bin/python3 - "$1" <<'PY'
-import json, sys
-t = json.load(open(sys.argv[1]))["total"]
-lat = t["latency_us"]
-print("%.0f IOPS p99=%.0fus avg=%.0fus" % (t["iops"], lat["p99"], lat["avg"]))
-PY
-}
-
-# run_host_test NQN TAG: the library's hardware test (initiator/tests/rdma_host.rs: every I/O
-# command, two qpairs on two threads, keep-alive, clean disconnect) against NQN here. Build it
-# on the host first: cargo test --release -p nvmf-initiator --test rdma_host --no-run
-run_host_test() {
-    local bin log=$LAB_OUT/rdma_host-$2.log
-    bin=$(find "$LAB_REPO/build/release/deps" "$LAB_REPO/build/debug/deps" -maxdepth 1 -type f \
-        -name 'rdma_host-*' -perm -u+x -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n1 | cut -d' ' -f2-)
-    [[ -n $bin ]] || lab_fail "no rdma_host test binary: cargo test --release -p nvmf-initiator --test rdma_host --no-run"
-    NVMF_RDMA_TEST_ADDR=$LAB_ADDR0 NVMF_RDMA_TEST_PORT=$port NVMF_RDMA_TEST_SUBNQN=$1 \
-        lab_t 180 "$bin" --nocapture --test-threads=1 >"$log" 2>&1 || { cat "$log" >&2; lab_fail "library hardware test against $1 failed"; }
-    grep -q 'test result: ok. 1 passed' "$log" || { cat "$log" >&2; lab_fail "library hardware test did not run"; }
-    echo "library hardware test ($2): $(grep -E '^cntlid|^qpair' "$log" | tr '\n' ' ')"
-}
 
 summary=()
 for name in kt-nullb kt-ram; do
@@ -87,6 +61,7 @@ for name in kt-nullb kt-ram; do
         lab_t $((runtime + 60)) "$PERF" -r "$r" -o 4096 -w $job -t "$runtime" --json \
             >"$LAB_OUT/$name-perf-$tag.json" 2>"$LAB_OUT/$name-perf-$tag.err" ||
             { cat "$LAB_OUT/$name-perf-$tag.err" >&2; lab_fail "$name: nvmf-perf $job failed"; }
+        perf_check_keys "$LAB_OUT/$name-perf-$tag.json" remote
         line=$(perf_summary "$LAB_OUT/$name-perf-$tag.json")
         echo "nvmf-perf $name 4k $tag qd32 ${runtime}s: $line"
         summary+=("nvmf-perf $name $tag: $line")
@@ -94,7 +69,7 @@ for name in kt-nullb kt-ram; do
 done
 
 # The library's own hardware test on the null_blk subsystem.
-run_host_test "$(lab_nqn kt-nullb)" kernel
+run_host_test "$(lab_nqn kt-nullb)" "$port" kernel remote
 
 # nvmf-perf against the kernel host's fio on the same kernel target, same size and depth,
 # alternating (three rounds, the order flipped each round): the machine is shared, so single

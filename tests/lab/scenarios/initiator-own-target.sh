@@ -15,19 +15,7 @@ lab_init initiator-own-target
 runtime=${1:-5}
 port=4420
 ulimit -l unlimited
-PERF=$NVMF_BIN_DIR/nvmf-perf
-HOST=$NVMF_BIN_DIR/nvmf-host
-[[ -x $PERF && -x $HOST ]] || lab_fail "nvmf-perf / nvmf-host not built in $NVMF_BIN_DIR"
-
-# perf_summary JSON: "IOPS p99 avg" of nvmf-perf --json output.
-perf_summary() {
-    /usr/bin/python3 - "$1" <<'PY'
-import json, sys
-t = json.load(open(sys.argv[1]))["total"]
-lat = t["latency_us"]
-print("%.0f IOPS p99=%.0fus avg=%.0fus ios=%d" % (t["iops"], lat["p99"], lat["avg"], t["ios"]))
-PY
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../initiator-lib.sh"
 
 # expect_fail NAME MAX_SECS PATTERN CMD...: CMD must fail (not time out) within MAX_SECS
 # and say PATTERN (case-insensitive, extended regex) on stderr/stdout.
@@ -42,20 +30,6 @@ expect_fail() {
     ((took <= max)) || lab_fail "$name: took ${took}s, more than ${max}s"
     grep -Eiq "$pat" "$LAB_OUT/bad-$name.log" || lab_fail "$name: no message matching /$pat/"
     echo "bad situation $name: exit $rc after ${took}s: $(grep -Ei "$pat" "$LAB_OUT/bad-$name.log" | head -n1)"
-}
-
-# run_host_test NQN TAG: the library's hardware test (initiator/tests/rdma_host.rs: every I/O
-# command, two qpairs on two threads, keep-alive, clean disconnect) against NQN here. Build it
-# on the host first: cargo test --release -p nvmf-initiator --test rdma_host --no-run
-run_host_test() {
-    local bin log=$LAB_OUT/rdma_host-$2.log
-    bin=$(find "$LAB_REPO/build/release/deps" "$LAB_REPO/build/debug/deps" -maxdepth 1 -type f \
-        -name 'rdma_host-*' -perm -u+x -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n1 | cut -d' ' -f2-)
-    [[ -n $bin ]] || lab_fail "no rdma_host test binary: cargo test --release -p nvmf-initiator --test rdma_host --no-run"
-    NVMF_RDMA_TEST_ADDR=$LAB_ADDR0 NVMF_RDMA_TEST_PORT=$port NVMF_RDMA_TEST_SUBNQN=$1 \
-        lab_t 180 "$bin" --nocapture --test-threads=1 >"$log" 2>&1 || { cat "$log" >&2; lab_fail "library hardware test against $1 failed"; }
-    grep -q 'test result: ok. 1 passed' "$log" || { cat "$log" >&2; lab_fail "library hardware test did not run"; }
-    echo "library hardware test ($2): $(grep -E '^cntlid|^qpair' "$log" | tr '\n' ' ')"
 }
 
 lab_rxe_up
@@ -103,6 +77,7 @@ for job in "randread -q 32" "randrw -M 70 -q 32"; do
     lab_t $((runtime + 60)) "$PERF" -r "$r" -c 0x2 -o 4096 -w $job -t "$runtime" --json \
         >"$LAB_OUT/perf-$tag.json" 2>"$LAB_OUT/perf-$tag.err" ||
         { cat "$LAB_OUT/perf-$tag.err" >&2; lab_fail "nvmf-perf $job failed"; }
+    perf_check_keys "$LAB_OUT/perf-$tag.json" local
     line=$(perf_summary "$LAB_OUT/perf-$tag.json")
     echo "nvmf-perf own target 4k $tag qd32 ${runtime}s: $line"
     summary+=("nvmf-perf $tag: $line")
@@ -110,7 +85,7 @@ done
 # The human-readable report, once.
 lab_t 60 "$PERF" -r "$r" -c 0x2 -o 4096 -w randread -q 8 -P 2 -t 2 >&2 || lab_fail "nvmf-perf -P 2 failed"
 
-run_host_test "$nqn" own
+run_host_test "$nqn" "$port" own local
 
 # A namespace added while nvmf-perf runs: the AER surfaces as a namespace change event.
 lab_bg perf-aer 120 "$PERF" -r "$r" -c 0x2 -o 4096 -w randread -q 8 -t 30
