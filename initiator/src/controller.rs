@@ -97,12 +97,9 @@ pub struct ControllerOptions {
     pub io_timeout: Duration,
     /// Send writes that fit in the controller's in-capsule data size inside the command.
     pub in_capsule_data: bool,
-    /// Give each command's data its own memory-window key, which the target invalidates
-    /// with its response (Keyed SGL subtype Invalidate, 0x0F) or we invalidate locally, as
-    /// the Linux host does with fast registration; data pools are then registered without
-    /// remote access. Used when the device has type 2 memory windows; otherwise (or when
-    /// false) commands carry the pool registration's key.
-    pub memory_windows: bool,
+    /// Whether each command's data gets its own memory-window key (see
+    /// [`MemoryWindows`]).
+    pub memory_windows: MemoryWindows,
     pub reconnect: Option<Reconnect>,
 }
 
@@ -119,8 +116,50 @@ impl Default for ControllerOptions {
             admin_timeout: Duration::from_secs(60),
             io_timeout: Duration::from_secs(30),
             in_capsule_data: true,
-            memory_windows: true,
+            memory_windows: MemoryWindows::Auto,
             reconnect: None,
+        }
+    }
+}
+
+/// Per-command keys: each command's data gets its own memory-window key, which the target
+/// invalidates with its response (Keyed SGL subtype Invalidate, 0x0F) or the queue
+/// invalidates locally, as the Linux host does with fast registration; data pools are then
+/// registered without remote access. Otherwise commands carry the pool registration's key
+/// (ADDRESS subtype), as SPDK's host does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MemoryWindows {
+    /// Per-command keys where the device has type 2 memory windows, except on soft-RoCE
+    /// (rxe, Linux 6.1): there, under sustained load, we saw commands go unanswered or the
+    /// QP fail without an error completion with windows in use (most often against the
+    /// kernel's nvmet-rdma, which invalidates remotely), and never without them. Not
+    /// root-caused; SPDK likewise avoids remote invalidation on rxe.
+    #[default]
+    Auto,
+    /// Per-command keys whenever the device has type 2 memory windows.
+    On,
+    /// The pool registration's key.
+    Off,
+}
+
+impl std::str::FromStr for MemoryWindows {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "on" | "1" => Ok(Self::On),
+            "off" | "0" => Ok(Self::Off),
+            _ => Err(format!("{s:?}: expected auto, on or off")),
+        }
+    }
+}
+
+impl MemoryWindows {
+    fn enabled(self, pd: &ProtectionDomain) -> bool {
+        match self {
+            Self::Off => false,
+            Self::On => device_has_windows(pd),
+            Self::Auto => device_has_windows(pd) && !pd.context().device().name.starts_with("rxe"),
         }
     }
 }
@@ -528,14 +567,7 @@ fn bring_up(
     pd: Option<&Arc<ProtectionDomain>>,
 ) -> Result<(Admin, Arc<ProtectionDomain>, ControllerInfo)> {
     // Admin data lives in one small buffer of our own, under its registration's key.
-    let (q, pd) = RdmaQueue::connect(
-        peer,
-        pd,
-        0,
-        ADMIN_QUEUE_DEPTH,
-        false,
-        opts.connect_timeout,
-    )?;
+    let (q, pd) = RdmaQueue::connect(peer, pd, 0, ADMIN_QUEUE_DEPTH, false, opts.connect_timeout)?;
     let data = DmaBuf::new(&pd, ADMIN_DATA_LEN, AccessFlags::ALL_DATA)
         .map_err(|e| Error::rdma("registering the admin data buffer", e))?;
     let mut admin = Admin {
@@ -665,7 +697,7 @@ impl Controller {
             }),
             max_xfer: AtomicU32::new(info.max_transfer()),
             max_io_depth: AtomicU32::new(u32::from(info.cap.mqes()) + 1),
-            windows: opts.memory_windows && device_has_windows(&pd),
+            windows: opts.memory_windows.enabled(&pd),
             failure: Mutex::new(None),
             opts,
         });
@@ -781,7 +813,7 @@ impl Controller {
     }
 
     /// Whether I/O commands carry per-command memory-window keys
-    /// ([`ControllerOptions::memory_windows`] and a device that has them).
+    /// ([`ControllerOptions::memory_windows`] and the device).
     pub fn uses_memory_windows(&self) -> bool {
         self.shared.windows
     }

@@ -94,7 +94,8 @@ impl Error {
 pub(crate) enum QueueFault {
     Wc {
         status: WcStatus,
-        recv: bool,
+        /// Which work request: "receive", "command send", "window bind", "local invalidate".
+        what: &'static str,
         vendor: u32,
     },
     CmEvent(String),
@@ -107,12 +108,11 @@ impl std::fmt::Display for QueueFault {
         match self {
             Self::Wc {
                 status,
-                recv,
+                what,
                 vendor,
             } => write!(
                 f,
-                "{} work completion failed: {status} (status {}, vendor error {vendor:#x})",
-                if *recv { "receive" } else { "send" },
+                "{what} work completion failed: {status} (status {}, vendor error {vendor:#x})",
                 status.0
             ),
             Self::CmEvent(e) => write!(f, "RDMA CM event {e}"),

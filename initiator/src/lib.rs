@@ -21,7 +21,7 @@
 //!
 //! Data lives in [`BufferPool`](nvmf_common::buffer::BufferPool)s registered once on the
 //! controller's protection domain ([`Controller::register_pool`]). Where the device has type 2
-//! memory windows (rxe and most RNICs do), each command gets its own key, as the Linux host
+//! memory windows (see [`MemoryWindows`] for when they are used), each command gets its own key, as the Linux host
 //! gets one from fast registration: the CID's window is bound over exactly the command's
 //! buffer, with remote write for reads and remote read for writes, and the keyed SGL uses the
 //! Invalidate-Key subtype (0x4F). The target answers with SEND_WITH_INVALIDATE of that key
@@ -29,9 +29,8 @@
 //! LOCAL_INV; the command completes, and its buffer comes back, only once the key is
 //! invalid. The pool itself is then registered without remote access, so a target can never
 //! reach a buffer outside a command's window and lifetime. An invalidation of any other key
-//! is a protocol violation and breaks the queue. With
-//! [`ControllerOptions::memory_windows`] off (or a device without windows) commands carry the
-//! pool registration's key with the ADDRESS subtype.
+//! is a protocol violation and breaks the queue. Without windows commands carry the pool
+//! registration's key with the ADDRESS subtype.
 //!
 //! # A C-callable wrapper (fio)
 //!
@@ -51,8 +50,8 @@ mod transport;
 
 pub use address::TransportId;
 pub use controller::{
-    Controller, ControllerEvent, ControllerInfo, ControllerOptions, NamespaceInfo, Reconnect,
-    ADMIN_QUEUE_DEPTH,
+    Controller, ControllerEvent, ControllerInfo, ControllerOptions, MemoryWindows, NamespaceInfo,
+    Reconnect, ADMIN_QUEUE_DEPTH,
 };
 pub use discovery::{discover, read_discovery_log, DiscoveryEntry, DiscoveryLog};
 pub use error::{Error, Result};

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use nvmf_common::rdma::{
     AccessFlags, CmEventKind, CmId, CompletionQueue, ConnParams, DeviceCapFlags, DmaBuf,
     EventChannel, MemoryRegion, MemoryWindow, ProtectionDomain, QpCaps, QueuePair, RdmaError,
-    RecvWr, SendWr, Sge, WorkCompletion,
+    RecvWr, SendWr, Sge, WcStatus, WorkCompletion,
 };
 use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmReject, RdmaCmRejectStatus, RdmaCmRequest};
 use nvmf_common::spec::{Command, Completion, SglDescriptor};
@@ -64,7 +64,11 @@ pub(crate) enum Data<'a> {
     None,
     /// Host memory the target reaches with RDMA READ / WRITE under `rkey`, a long-lived
     /// registration's key: the plain ADDRESS subtype, never invalidated.
-    Keyed { addr: u64, len: u32, rkey: u32 },
+    Keyed {
+        addr: u64,
+        len: u32,
+        rkey: u32,
+    },
     /// `len` bytes at `offset` of `mr`, exposed for this command alone through the CID's
     /// memory window with `access` (see the module docs). Only on queues with
     /// [`RdmaQueue::has_windows`].
@@ -212,6 +216,18 @@ pub(crate) fn parse_reject(private_data: &[u8]) -> Option<RdmaCmRejectStatus> {
     let (rej, _) = RdmaCmReject::read_from_prefix(private_data).ok()?;
     let sts = rej.status();
     (rej.recfmt.get() == 0 && (1..=0xFF).contains(&sts.0)).then_some(sts)
+}
+
+/// The failed work completion that says why: the first one that is not a flush (flushes
+/// only follow the QP into the error state), else the first flush.
+fn first_failure(wcs: &[WorkCompletion]) -> Option<&WorkCompletion> {
+    let mut failed = wcs.iter().filter(|wc| !wc.is_success());
+    let first = failed.clone().next()?;
+    Some(
+        failed
+            .find(|wc| wc.status() != WcStatus::WR_FLUSH_ERR)
+            .unwrap_or(first),
+    )
 }
 
 /// The private data of our connect request: HRQSIZE is the receives we post (one per
@@ -422,7 +438,9 @@ impl RdmaQueue {
                 cmd.set_sgl(SglDescriptor::keyed(addr, len, rkey, false));
                 None
             }
-            Data::Window { mr, offset, len, .. } => {
+            Data::Window {
+                mr, offset, len, ..
+            } => {
                 let Some(mw) = self.windows.get(usize::from(cid)) else {
                     self.free.push(cid);
                     return Err(QueueFault::Verb("this queue has no memory windows".into()));
@@ -505,16 +523,25 @@ impl RdmaQueue {
         let mut invalidated = [None; POLL_BATCH];
         let mut recv_slots = [0u16; POLL_BATCH];
         let mut nrecv = 0;
+        if let Some(wc) = first_failure(&self.wcs[..n]) {
+            self.disconnected = true;
+            let id = wc.wr_id();
+            return Err(QueueFault::Wc {
+                status: wc.status(),
+                what: if id & RECV_BIT != 0 {
+                    "receive"
+                } else if id & LOCAL_INV_BIT != 0 {
+                    "local invalidate"
+                } else if id & BIND_BIT != 0 {
+                    "window bind"
+                } else {
+                    "command send"
+                },
+                vendor: wc.vendor_err(),
+            });
+        }
         for i in 0..n {
             let wc = self.wcs[i];
-            if !wc.is_success() {
-                self.disconnected = true;
-                return Err(QueueFault::Wc {
-                    status: wc.status(),
-                    recv: wc.wr_id() & RECV_BIT != 0,
-                    vendor: wc.vendor_err(),
-                });
-            }
             if wc.wr_id() & RECV_BIT == 0 {
                 continue;
             }
@@ -592,7 +619,10 @@ impl RdmaQueue {
                 slot.send_done = true;
             }
             if slot.finished() {
-                let cqe = slot.rsp.take().expect("a finished command has its response");
+                let cqe = slot
+                    .rsp
+                    .take()
+                    .expect("a finished command has its response");
                 *slot = Slot::default();
                 self.free.push(cid);
                 out[done] = (cid, cqe);

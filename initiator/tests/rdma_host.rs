@@ -3,10 +3,10 @@
 //! Flush, as the controller's ONCS allows), two qpairs on two threads, keep-alive across
 //! more than a KATO of idle time, clean disconnect.
 //!
-//! Data keys: with memory windows (the default where the device has them) every keyed
-//! command's key must be invalidated, by the target's SEND_WITH_INVALIDATE or by our
-//! LOCAL_INV; `NVMF_RDMA_TEST_INVALIDATION=remote|local` says which one this target must
-//! have caused (the kernel's nvmet-rdma always invalidates remotely; our target does not on
+//! Data keys: `NVMF_RDMA_TEST_MEMORY_WINDOWS` (auto, on, off; default auto) picks
+//! [`MemoryWindows`]. With windows every keyed command's key must be invalidated, by the
+//! target's SEND_WITH_INVALIDATE or by our LOCAL_INV; `NVMF_RDMA_TEST_INVALIDATION=remote|local`
+//! says which one this target must have caused (our target does not invalidate remotely on
 //! soft-RoCE). A second test runs the same data path with the pool registration's key.
 //!
 //! Runs only when `NVMF_RDMA_TEST_ADDR` names the target's address (a target must listen
@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use nvmf_common::buffer::BufferPool;
 use nvmf_common::spec::identify::{ONCS_COMPARE, ONCS_DSM, ONCS_WRITE_ZEROES};
 use nvmf_common::spec::{DsmRange, Status};
-use nvmf_initiator::{Controller, ControllerOptions, IoCompletion, IoQpair, IoStatus, TransportId};
+use nvmf_initiator::{
+    Controller, ControllerOptions, IoCompletion, IoQpair, IoStatus, MemoryWindows, TransportId,
+};
 use zerocopy::IntoBytes;
 
 fn target() -> Option<TransportId> {
@@ -152,6 +154,8 @@ fn io_commands_keep_alive_and_threads() {
         io_queues: 2,
         io_queue_depth: 16,
         kato: Duration::from_secs(2),
+        memory_windows: std::env::var("NVMF_RDMA_TEST_MEMORY_WINDOWS")
+            .map_or(MemoryWindows::Auto, |v| v.parse().expect("auto, on or off")),
         ..ControllerOptions::default()
     };
     let mut ctrl = Controller::connect(&tid, opts).expect("connect");
@@ -284,7 +288,7 @@ fn pool_keys_without_memory_windows() {
     let opts = ControllerOptions {
         io_queues: 1,
         io_queue_depth: 8,
-        memory_windows: false,
+        memory_windows: MemoryWindows::Off,
         ..ControllerOptions::default()
     };
     let mut ctrl = Controller::connect(&tid, opts).expect("connect");

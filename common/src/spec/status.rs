@@ -381,7 +381,9 @@ mod tests {
             s.in_connect().to_string(),
             "CONNECT_INVALID_PARAMETERS (sct 0x1, sc 0x82, DNR)"
         );
-        assert!(s.to_string().starts_with("ATTEMPTED_WRITE_TO_READ_ONLY_RANGE or "));
+        assert!(s
+            .to_string()
+            .starts_with("ATTEMPTED_WRITE_TO_READ_ONLY_RANGE or "));
         assert_eq!(
             Status::CONNECT_INVALID_HOST.in_connect().to_string(),
             Status::CONNECT_INVALID_HOST.to_string()

@@ -12,7 +12,9 @@ use nvmf_common::buffer::BufferPool;
 use nvmf_common::spec::identify::{ascii_str, nul_str};
 use nvmf_common::spec::log_page::get_u128;
 use nvmf_common::spec::{IdentifyController, IdentifyNamespace, LogPageId, SmartHealthLog};
-use nvmf_initiator::{discover, Controller, ControllerOptions, IoCompletion, TransportId};
+use nvmf_initiator::{
+    discover, Controller, ControllerOptions, IoCompletion, MemoryWindows, TransportId,
+};
 use zerocopy::FromBytes;
 
 #[derive(Parser, Debug)]
@@ -27,6 +29,11 @@ struct Cli {
     /// Seconds allowed for each connection step.
     #[arg(long, global = true, default_value_t = 10)]
     connect_timeout: u64,
+    /// Per-I/O memory-window keys, invalidated when each I/O completes, as the Linux host
+    /// does: auto (where the device has them, except soft-RoCE), on, off (the buffer pool
+    /// registration's key).
+    #[arg(long, global = true, default_value = "auto")]
+    memory_windows: MemoryWindows,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -124,6 +131,7 @@ fn opts(cli: &Cli, io_queues: u16) -> ControllerOptions {
         connect_timeout: Duration::from_secs(cli.connect_timeout.max(1)),
         admin_timeout: Duration::from_secs(30),
         io_timeout: Duration::from_secs(30),
+        memory_windows: cli.memory_windows,
         ..ControllerOptions::default()
     }
 }
@@ -413,7 +421,14 @@ fn cmd_rw(cli: &Cli, a: &Rw, write: bool) -> anyhow::Result<()> {
     let (mut next, mut done) = (0usize, 0usize);
     let mut out: Vec<IoCompletion> = Vec::with_capacity(depth);
     let deadline = Instant::now() + Duration::from_secs(60 + chunks as u64 / 10);
+    let mut next_admin = Instant::now();
     while done < chunks {
+        // Keep-alive (and failure detection) while the data moves: a long transfer must not
+        // outlive the controller's KATO.
+        if Instant::now() >= next_admin {
+            ctrl.poll_admin()?;
+            next_admin = Instant::now() + Duration::from_millis(50);
+        }
         while next < chunks && qp.outstanding() < depth {
             let Some(mut buf) = pool.get() else { break };
             let off = next * chunk;
@@ -436,7 +451,9 @@ fn cmd_rw(cli: &Cli, a: &Rw, write: bool) -> anyhow::Result<()> {
             })?;
             next += 1;
         }
-        qp.poll(&mut out);
+        if qp.poll(&mut out) == 0 {
+            std::thread::yield_now();
+        }
         for c in out.drain(..) {
             let idx = c.tag as usize;
             let lba = a.slba + (idx * chunk) as u64 / bs;

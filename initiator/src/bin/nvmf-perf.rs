@@ -18,7 +18,7 @@ use nvmf_common::buffer::{BufferPool, IoBuf};
 use nvmf_common::reactor::{check_cores, parse_core_mask};
 use nvmf_initiator::{
     Controller, ControllerEvent, ControllerOptions, Histogram, IoCompletion, IoQpair, IoStatus,
-    NamespaceInfo, QpairState, Reconnect, TransportId,
+    MemoryWindows, NamespaceInfo, QpairState, Reconnect, TransportId,
 };
 
 #[derive(Parser, Debug)]
@@ -76,10 +76,11 @@ struct Args {
     /// Send writes as in-capsule data when the controller allows (0 disables).
     #[arg(long, default_value_t = 1)]
     in_capsule: u8,
-    /// Give each I/O its own memory-window key, invalidated when it completes, as the Linux
-    /// host does (0: every I/O carries the buffer pool registration's key).
-    #[arg(long, default_value_t = 1)]
-    memory_windows: u8,
+    /// Per-I/O memory-window keys, invalidated when each I/O completes, as the Linux host
+    /// does: auto (where the device has them, except soft-RoCE), on, off (the buffer pool
+    /// registration's key).
+    #[arg(long, default_value = "auto")]
+    memory_windows: MemoryWindows,
     /// Empty polls in a row before a worker yields its core to other threads (0: never
     /// yield, pure spinning). On soft-RoCE the NIC is kernel CPU time on the same cores.
     #[arg(long, default_value_t = 0)]
@@ -391,7 +392,7 @@ fn options(args: &Args) -> anyhow::Result<ControllerOptions> {
         io_timeout: Duration::from_secs(args.io_timeout.max(1)),
         admin_timeout: Duration::from_secs(args.io_timeout.max(1) * 2),
         in_capsule_data: args.in_capsule != 0,
-        memory_windows: args.memory_windows != 0,
+        memory_windows: args.memory_windows,
         reconnect,
         ..ControllerOptions::default()
     })

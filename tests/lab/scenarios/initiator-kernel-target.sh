@@ -3,8 +3,9 @@
 # target (a target we did not write), on a memory-backed null_blk and on a brd RAM disk:
 # nvmf-host discover / identify, a pattern written with nvmf-host and read back identical,
 # nvmf-perf 4k randread qd32 and 70/30 randrw (IOPS, p99), the library's hardware test, and
-# nvmf-perf against the kernel host's fio on the same target (same size and depth, three
-# alternating rounds, medians) in the same boot.
+# nvmf-perf and fio through our ioengine (if fio/build-engine.sh built it) against the kernel
+# host's fio on its block device of the same target (same size and depth, three rotating
+# rounds, medians) in the same boot.
 #
 # Usage: tests/lab/run initiator-kernel-target [RUNTIME_SECONDS]   (default 5)
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
@@ -61,7 +62,6 @@ for name in kt-nullb kt-ram; do
         lab_t $((runtime + 60)) "$PERF" -r "$r" -o 4096 -w $job -t "$runtime" --json \
             >"$LAB_OUT/$name-perf-$tag.json" 2>"$LAB_OUT/$name-perf-$tag.err" ||
             { cat "$LAB_OUT/$name-perf-$tag.err" >&2; lab_fail "$name: nvmf-perf $job failed"; }
-        perf_check_keys "$LAB_OUT/$name-perf-$tag.json" remote
         line=$(perf_summary "$LAB_OUT/$name-perf-$tag.json")
         echo "nvmf-perf $name 4k $tag qd32 ${runtime}s: $line"
         summary+=("nvmf-perf $name $tag: $line")
@@ -69,11 +69,13 @@ for name in kt-nullb kt-ram; do
 done
 
 # The library's own hardware test on the null_blk subsystem.
-run_host_test "$(lab_nqn kt-nullb)" "$port" kernel remote
+run_host_test "$(lab_nqn kt-nullb)" "$port" kernel auto
 
-# nvmf-perf against the kernel host's fio on the same kernel target, same size and depth,
-# alternating (three rounds, the order flipped each round): the machine is shared, so single
-# runs are off by 20-30%; medians of the same boot are what count.
+# nvmf-perf and fio through our ioengine (when fio/build-engine.sh built it) against the
+# kernel host's fio on the same kernel target, same size and depth, alternating (three
+# rounds, the order rotated each round): the machine is shared, so single runs are off by
+# 20-30%; medians of the same boot are what count.
+SO=$NVMF_BIN_DIR/libnvmf_fio_engine.so
 lab_nvme_host_up
 nqn=$(lab_nqn kt-nullb)
 r="trtype:RDMA adrfam:IPv4 traddr:$LAB_ADDR0 trsvcid:$port subnqn:$nqn"
@@ -82,6 +84,13 @@ kfio() { # NAME RW [fio args]
     local n=$1 rw=$2
     shift 2
     lab_fio "$n" "--filename=$blk" --ioengine=libaio --direct=1 --bs=4k --rw="$rw" --iodepth=32 \
+        --runtime="$runtime" --time_based "$@" >/dev/null
+}
+efio() { # NAME RW [fio args]: the same job as kfio through our ioengine
+    local n=$1 rw=$2
+    shift 2
+    lab_fio "$n" "--filename=trtype=RDMA adrfam=IPv4 traddr=$LAB_ADDR0 trsvcid=$port subnqn=${nqn//:/\\:} ns=1" \
+        --ioengine="external:$SO" --thread=1 --bs=4k --rw="$rw" --iodepth=32 \
         --runtime="$runtime" --time_based "$@" >/dev/null
 }
 uperf() { # NAME -w ARGS...
@@ -96,13 +105,19 @@ for round in 1 2 3; do
         [[ $job == randrw ]] && mix=(-M 70)
         fmix=()
         [[ $job == randrw ]] && fmix=(--rwmixread=70)
-        if ((round % 2)); then
-            uperf "cmp-perf-$job-$round" -w "$job" "${mix[@]}"
-            kfio "cmp-kfio-$job-$round" "$job" "${fmix[@]}"
-        else
-            kfio "cmp-kfio-$job-$round" "$job" "${fmix[@]}"
-            uperf "cmp-perf-$job-$round" -w "$job" "${mix[@]}"
-        fi
+        order=(perf kfio efio)
+        ((round == 2)) && order=(kfio efio perf)
+        ((round == 3)) && order=(efio perf kfio)
+        for who in "${order[@]}"; do
+            case $who in
+            perf) uperf "cmp-perf-$job-$round" -w "$job" "${mix[@]}" ;;
+            kfio) kfio "cmp-kfio-$job-$round" "$job" "${fmix[@]}" ;;
+            efio)
+                [[ -f $SO ]] || continue
+                efio "cmp-efio-$job-$round" "$job" "${fmix[@]}" || lab_fail "fio through the engine failed"
+                ;;
+            esac
+        done
     done
 done
 lab_nvme_disconnect "$nqn"
@@ -112,21 +127,33 @@ out = sys.argv[1]
 def load(p):
     t = open(p).read()
     return json.loads(t[t.index("{"):])
+def fio_run(path):
+    j = load(path)["jobs"][0]
+    iops = j["read"]["iops"] + j["write"]["iops"]
+    p99 = max(j[d]["clat_ns"]["percentile"]["99.000000"] for d in ("read", "write") if j[d]["total_ios"]) / 1000
+    return iops, p99
+med = statistics.median
 for job in ("randread", "randrw"):
-    p_iops, p_p99, k_iops, k_p99 = [], [], [], []
+    p_iops, p_p99, k_iops, k_p99, e_iops, e_p99 = [], [], [], [], [], []
     for r in (1, 2, 3):
         t = load(f"{out}/cmp-perf-{job}-{r}.json")["total"]
         p_iops.append(t["iops"]); p_p99.append(t["latency_us"]["p99"])
-        j = load(f"{out}/cmp-kfio-{job}-{r}.json")["jobs"][0]
-        k_iops.append(j["read"]["iops"] + j["write"]["iops"])
-        k_p99.append(max(j[d]["clat_ns"]["percentile"]["99.000000"] for d in ("read", "write") if j[d]["total_ios"]) / 1000)
-    ratio = statistics.median(a / b for a, b in zip(p_iops, k_iops) if b)
-    print(f"4k {job} qd32 (median of 3): nvmf-perf {statistics.median(p_iops):.0f} IOPS p99 {statistics.median(p_p99):.0f}us"
-          f" | kernel host fio {statistics.median(k_iops):.0f} IOPS p99 {statistics.median(k_p99):.0f}us"
-          f" | median IOPS ratio {ratio:.2f}")
+        i, p = fio_run(f"{out}/cmp-kfio-{job}-{r}.json"); k_iops.append(i); k_p99.append(p)
+        try:
+            i, p = fio_run(f"{out}/cmp-efio-{job}-{r}.json"); e_iops.append(i); e_p99.append(p)
+        except FileNotFoundError:
+            pass
+    ratio = lambda xs: med(a / b for a, b in zip(xs, k_iops) if b)
+    line = (f"4k {job} qd32 (median of 3): nvmf-perf {med(p_iops):.0f} IOPS p99 {med(p_p99):.0f}us"
+            f" | kernel host fio {med(k_iops):.0f} IOPS p99 {med(k_p99):.0f}us"
+            f" | nvmf-perf/kernel {ratio(p_iops):.2f}")
+    if len(e_iops) == 3:
+        line += (f" | fio+our engine {med(e_iops):.0f} IOPS p99 {med(e_p99):.0f}us"
+                 f" | engine/kernel {ratio(e_iops):.2f}")
+    print(line)
 PY
 while read -r l; do summary+=("$l"); done <"$LAB_OUT/compare.txt"
 
 printf '%s\n' "${summary[@]}" | tee "$LAB_OUT/summary.txt"
 lab_kernel_target_down
-lab_pass "discover, identify, 4 MiB write+read back identical on null_blk and brd, nvmf-perf randread and randrw, kernel fio side by side"
+lab_pass "discover, identify, 4 MiB write+read back identical on null_blk and brd, nvmf-perf randread and randrw, nvmf-perf and our fio engine side by side with kernel fio"

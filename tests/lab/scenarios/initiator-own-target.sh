@@ -74,7 +74,7 @@ expect_fail out-of-range 30 'outside namespace' "$HOST" read -r "$r" -n 1 -s 327
 for job in "randread -q 32" "randrw -M 70 -q 32"; do
     tag=${job%% *}
     # shellcheck disable=SC2086
-    lab_t $((runtime + 60)) "$PERF" -r "$r" -c 0x2 -o 4096 -w $job -t "$runtime" --json \
+    lab_t $((runtime + 60)) "$PERF" -r "$r" -c 0x2 -o 4096 -w $job -t "$runtime" --json --memory-windows on \
         >"$LAB_OUT/perf-$tag.json" 2>"$LAB_OUT/perf-$tag.err" ||
         { cat "$LAB_OUT/perf-$tag.err" >&2; lab_fail "nvmf-perf $job failed"; }
     perf_check_keys "$LAB_OUT/perf-$tag.json" local
@@ -85,7 +85,7 @@ done
 # The human-readable report, once.
 lab_t 60 "$PERF" -r "$r" -c 0x2 -o 4096 -w randread -q 8 -P 2 -t 2 >&2 || lab_fail "nvmf-perf -P 2 failed"
 
-run_host_test "$nqn" "$port" own local
+run_host_test "$nqn" "$port" own on local
 
 # A namespace added while nvmf-perf runs: the AER surfaces as a namespace change event.
 lab_bg perf-aer 120 "$PERF" -r "$r" -c 0x2 -o 4096 -w randread -q 8 -t 30
