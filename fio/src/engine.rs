@@ -1,5 +1,7 @@
 //! One fio thread's engine state: its connections (one I/O qpair per controller), its open
-//! files (namespaces), the commands in flight and the events for fio to reap.
+//! files (namespaces), the I/Os in flight and the events for fio to reap. The I/O path
+//! (`queue`, reaping) is in `engine/io.rs`; an `io_u` above the controller's maximum
+//! transfer goes out as several commands ([`crate::split`]).
 //!
 //! Everything here runs on the fio thread that owns it (fio's `setup` runs on the main
 //! thread before the job thread starts, never at the same time), so nothing is locked.
@@ -9,33 +11,39 @@
 //! fio's `io_u` buffers are plain memory; commands need buffers of a pool registered with
 //! the controller. Two ways:
 //! - **Zero copy.** The engine allocates fio's I/O memory itself (fio's `iomem_alloc`
-//!   hook): a [`BufferPool`] whose buffers are exactly the `io_u` buffers fio carves from it
-//!   (fio puts `io_u` *i* at `base + i * max_bs` when the engine sets `FIO_MEMALIGN` and the
-//!   region is page aligned). The pool is registered with the first controller the thread
-//!   opens; a command on that controller sends the `io_u`'s own [`IoBuf`]. Needs `max_bs` a
-//!   multiple of 4 KiB and no `mem_align`.
+//!   hook): a [`BufferPool`] whose buffers tile the `io_u` buffers fio carves from it (fio
+//!   puts `io_u` *i* at `base + i * max_bs` when the engine sets `FIO_MEMALIGN` and the
+//!   region is page aligned). A buffer is `max_bs`, or, when the controllers probed in setup
+//!   take less per command, the largest divisor of `max_bs` they take
+//!   ([`split::chunk_size`]): then an `io_u` spans several buffers and each part of its split
+//!   sends one. The pool is registered with the first controller the thread opens; a command
+//!   on that controller sends the `io_u`'s own pool buffers. Needs `max_bs` a multiple of
+//!   4 KiB and no `mem_align`.
 //! - **Copy** (every other case, or forced with `nvmf_copy=1`): each connection has a
-//!   registered bounce pool of `iodepth` buffers of `max_bs`; writes are copied in before the
-//!   command is sent, reads copied out when the completion is reaped.
+//!   registered bounce pool of `iodepth` times the parts of a `max_bs` I/O, each of
+//!   `max_bs` or the maximum transfer if smaller; writes are copied in before a part is
+//!   sent, reads copied out when a part's completion is reaped.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvmf_common::buffer::{BufferPool, IoBuf, BUFFER_ALIGN};
-use nvmf_common::spec::DsmRange;
+use nvmf_common::buffer::{BufferPool, BUFFER_ALIGN};
 use nvmf_initiator::{
-    ControllerOptions, IoCompletion, IoQpair, NamespaceInfo, Reconnect, SubmitError,
-    SubmitErrorKind, TransportId,
+    ControllerOptions, IoCompletion, IoQpair, NamespaceInfo, Reconnect, TransportId,
 };
-use zerocopy::IntoBytes;
 
-use crate::error::{status_errno, submit_errno, EngineError, Result};
-use crate::ffi::FioBuf;
+use crate::error::{EngineError, Result};
 use crate::registry::{self, SharedController};
+use crate::split;
 
-/// Largest block count of one Read or Write (NLB is a zero-based 16-bit field).
-const MAX_NLB: u64 = 0x1_0000;
+mod inflight;
+mod io;
+mod iomem;
+
+use inflight::Slots;
+use iomem::IoMem;
+
 /// Failed commands reported on stderr per thread (fio reports each errno itself).
 const MAX_ERROR_REPORTS: u32 = 10;
 
@@ -126,7 +134,8 @@ impl Op {
 /// What [`EngineThread::queue`] did with an I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Queued {
-    /// Sent (or waiting in the qpair for a slot); it completes through `getevents`.
+    /// Sent (all of it, or its first parts while the rest wait for room); it completes
+    /// through `getevents`.
     Queued,
     /// No room now: fio reaps completions and queues it again.
     Busy,
@@ -139,88 +148,15 @@ pub struct Event {
     pub err: i32,
 }
 
-/// Where an in-flight command's data lives.
-#[derive(Debug)]
-pub(crate) enum Data {
-    /// No fio data to move back (writes through a bounce buffer, trim, flush).
-    Nothing,
-    /// A read through a bounce buffer: copied into fio's buffer on completion.
-    CopyOut(FioBuf),
-    /// fio's own buffer `i` of the I/O memory pool.
-    ZeroCopy(usize),
-}
-
-#[derive(Debug)]
-pub(crate) struct Inflight {
-    pub tag: u64,
-    pub file: u32,
-    pub op: Op,
-    pub offset: u64,
-    pub data: Data,
-}
-
-/// In-flight commands, indexed by the tag given to the qpair. Fixed capacity (fio's
-/// iodepth): inserting and taking neither allocates nor searches.
-#[derive(Debug, Default)]
-pub(crate) struct Slots {
-    slots: Vec<Option<Inflight>>,
-    free: Vec<u32>,
-}
-
-impl Slots {
-    pub fn new(capacity: u32) -> Self {
-        Self {
-            slots: (0..capacity).map(|_| None).collect(),
-            free: (0..capacity).rev().collect(),
-        }
-    }
-
-    /// Stores `io`; `Err(io)` back when every slot is taken.
-    pub fn insert(&mut self, io: Inflight) -> Result<u32, Inflight> {
-        match self.free.pop() {
-            Some(i) => {
-                self.slots[i as usize] = Some(io);
-                Ok(i)
-            }
-            None => Err(io),
-        }
-    }
-
-    pub fn take(&mut self, i: u32) -> Option<Inflight> {
-        let io = self.slots.get_mut(i as usize)?.take()?;
-        self.free.push(i);
-        Some(io)
-    }
-
-    pub fn outstanding(&self) -> usize {
-        self.slots.len() - self.free.len()
-    }
-}
-
-/// fio's I/O memory, allocated here (see the module doc).
-struct IoMem {
-    pool: BufferPool,
-    base: usize,
-    buf_size: usize,
-    /// The pool's buffers by index; `None` while one is in flight.
-    bufs: Vec<Option<IoBuf>>,
-    /// Whether fio's io_u buffers coincide with the pool's buffers.
-    zero_copy_layout: bool,
-    /// The connection whose controller the pool is registered with.
-    registered: Option<usize>,
-}
-
-impl IoMem {
-    /// The pool buffer that is exactly fio's buffer at `addr` (`len` bytes), if free.
-    fn buffer_at(&self, addr: usize, len: usize) -> Option<usize> {
-        if !self.zero_copy_layout || addr < self.base || len > self.buf_size {
-            return None;
-        }
-        let off = addr - self.base;
-        let i = off / self.buf_size;
-        (off.is_multiple_of(self.buf_size) && self.bufs.get(i).is_some_and(Option::is_some))
-            .then_some(i)
-    }
+/// What the thread did, logged when it ends (`NVMF_FIO_LOG=nvmf_fio=info`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counters {
+    /// I/Os queued.
+    ios: u64,
+    /// Of those, split into several commands.
+    split: u64,
+    /// Commands sent.
+    commands: u64,
 }
 
 /// One controller as this thread uses it: its own qpair and bounce buffers.
@@ -246,14 +182,21 @@ pub struct EngineThread {
     files: Vec<Option<OpenFile>>,
     iomem: Option<IoMem>,
     slots: Slots,
+    /// I/Os whose next part found no room (qpair full, bounce buffers out), in order.
+    stalled: VecDeque<u32>,
     ready: VecDeque<Event>,
     events: Vec<Event>,
     scratch: Vec<IoCompletion>,
     /// Namespace facts found by `probe` (fio's setup), by file name.
     geometry: HashMap<String, NamespaceInfo>,
+    /// The smallest command (bytes) the probed namespaces take whole, and their largest
+    /// block size: what fio's I/O memory is cut to.
+    probed_limit: Option<u64>,
+    probed_block: u32,
     /// Controllers probed in setup, held until the thread ends so the job reuses them.
     pins: Vec<Arc<SharedController>>,
     errors_reported: u32,
+    counters: Counters,
 }
 
 impl EngineThread {
@@ -266,12 +209,16 @@ impl EngineThread {
             files: Vec::new(),
             iomem: None,
             slots: Slots::default(),
+            stalled: VecDeque::new(),
             ready: VecDeque::new(),
             events: Vec::new(),
             scratch: Vec::new(),
             geometry: HashMap::new(),
+            probed_limit: None,
+            probed_block: 0,
             pins: Vec::new(),
             errors_reported: 0,
+            counters: Counters::default(),
         }
     }
 
@@ -303,11 +250,13 @@ impl EngineThread {
     pub fn probe(&mut self, name: &str) -> Result<NamespaceInfo> {
         let (tid, nsid) = Self::parse(name)?;
         let ctrl = self.controller(&tid)?;
-        let info = {
+        let (info, max_xfer) = {
             let mut guard = ctrl.lock()?;
             let c = guard.as_mut().expect("lock() checked");
-            c.namespace(nsid)
-                .map_err(|e| EngineError::from(e).context(format!("Identify Namespace {nsid}")))?
+            let info = c
+                .namespace(nsid)
+                .map_err(|e| EngineError::from(e).context(format!("Identify Namespace {nsid}")))?;
+            (info, c.max_transfer())
         };
         let info = info.ok_or_else(|| {
             EngineError::new(
@@ -315,8 +264,20 @@ impl EngineThread {
                 format!("namespace {nsid} of {} is not active", tid.subnqn),
             )
         })?;
+        tracing::info!(
+            "{name}: maximum transfer {max_xfer} bytes; larger I/O is split into commands of at most that"
+        );
+        self.note_limit(max_xfer, info.block_size);
         self.geometry.insert(name.to_string(), info);
         Ok(info)
+    }
+
+    /// Takes a probed namespace's limits into account for cutting fio's I/O memory.
+    fn note_limit(&mut self, max_transfer: u32, block_size: u32) {
+        if let Some(l) = split::part_limit(max_transfer.into(), block_size.into()) {
+            self.probed_limit = Some(self.probed_limit.map_or(l, |p| p.min(l)));
+        }
+        self.probed_block = self.probed_block.max(block_size);
     }
 
     /// fio's init: the thread's queue depth and largest block size.
@@ -334,67 +295,12 @@ impl EngineThread {
         self.depth = depth;
         self.max_bs = max_bs;
         self.slots = Slots::new(depth);
+        self.stalled = VecDeque::with_capacity(depth as usize);
         self.ready = VecDeque::with_capacity(depth as usize);
         self.events = Vec::with_capacity(depth as usize);
+        // Completions are per command; `connect` grows this to the qpairs' depths.
         self.scratch = Vec::with_capacity(depth as usize);
         Ok(())
-    }
-
-    /// fio's iomem_alloc: allocates `total` bytes of I/O memory for `units` io_u buffers of
-    /// `max_bs` each (fio adds slack for alignment). Returns the base address.
-    pub fn iomem_alloc(
-        &mut self,
-        total: usize,
-        max_bs: u64,
-        units: u32,
-        mem_align: u32,
-    ) -> Result<*mut u8> {
-        let max_bs = usize::try_from(max_bs).unwrap_or(0);
-        let units = units as usize;
-        // fio puts io_u i at the (page-aligned) base + i * max_bs; the slack it adds at the
-        // end becomes spare pool buffers.
-        let layout = max_bs > 0
-            && max_bs.is_multiple_of(BUFFER_ALIGN)
-            && mem_align == 0
-            && max_bs.checked_mul(units).is_some_and(|n| n <= total);
-        let (buf_size, count) = if layout {
-            (max_bs, total.div_ceil(max_bs))
-        } else {
-            (total.max(1).next_multiple_of(BUFFER_ALIGN), 1)
-        };
-        let count = u32::try_from(count).map_err(|_| EngineError::invalid("too many I/O units"))?;
-        let pool = BufferPool::new(buf_size, count)
-            .map_err(|e| EngineError::new(libc::ENOMEM, format!("I/O memory: {e}")))?;
-        let mut bufs: Vec<Option<IoBuf>> = (0..count).map(|_| None).collect();
-        while let Some(b) = pool.get() {
-            let i = b.index() as usize;
-            bufs[i] = Some(b);
-        }
-        let (base, _) = pool.region();
-        self.iomem = Some(IoMem {
-            base: base as usize,
-            buf_size,
-            bufs,
-            zero_copy_layout: layout && !self.opts.force_copy,
-            registered: None,
-            pool,
-        });
-        Ok(base)
-    }
-
-    /// fio's iomem_free. Buffers still in flight keep the memory mapped until they complete.
-    pub fn iomem_free(&mut self) {
-        self.iomem = None;
-    }
-
-    /// Whether I/O on `handle` uses fio's buffers directly.
-    pub fn is_zero_copy(&self, handle: u32) -> bool {
-        let Some(Some(f)) = self.files.get(handle as usize) else {
-            return false;
-        };
-        self.iomem
-            .as_ref()
-            .is_some_and(|m| m.zero_copy_layout && m.registered == Some(f.conn))
     }
 
     /// fio's open_file: the file's controller connection (made on first use) and namespace.
@@ -465,23 +371,35 @@ impl EngineThread {
     /// only) the registration of fio's I/O memory.
     fn connect(&mut self, ctrl: Arc<SharedController>) -> Result<usize> {
         let idx = self.conns.len();
-        let depth = u16::try_from(self.depth).unwrap_or(u16::MAX);
-        let buf_size = self.max_bs.next_multiple_of(BUFFER_ALIGN);
         let (qp, bounce) = {
             let mut guard = ctrl.lock()?;
             let c = guard.as_mut().expect("lock() checked");
-            if self.max_bs > c.max_transfer() as usize {
-                say!(
-                    "{}: block size {} is above the controller's maximum transfer of {} bytes; such I/O fails",
+            let max_xfer = c.max_transfer() as usize;
+            // Room for every part of `iodepth` I/Os of max_bs: bounce buffers of at most
+            // one command each, and qpair slots (the controller may grant fewer; then parts
+            // wait for room).
+            let (buf_size, copy_parts) = split::bounce_layout(self.max_bs, max_xfer, BUFFER_ALIGN);
+            let zc_parts = self
+                .iomem
+                .as_ref()
+                .filter(|m| m.zero_copy_layout)
+                .map_or(1, |m| self.max_bs.div_ceil(m.buf_size));
+            let parts = copy_parts.max(zc_parts);
+            if parts > 1 {
+                tracing::info!(
+                    "{}: maximum transfer {max_xfer} bytes: an I/O of up to {} bytes is up to {parts} commands",
                     ctrl.key(),
-                    self.max_bs,
-                    c.max_transfer()
+                    self.max_bs
                 );
             }
+            let depth =
+                u16::try_from((self.depth as usize).saturating_mul(parts)).unwrap_or(u16::MAX);
+            let count = u32::try_from((self.depth as usize).saturating_mul(copy_parts))
+                .map_err(|_| EngineError::invalid("too many bounce buffers"))?;
             let qp = c.create_io_qpair(depth).map_err(|e| {
                 EngineError::from(e).context(format!("{}: creating an I/O qpair", ctrl.key()))
             })?;
-            let bounce = BufferPool::new(buf_size, self.depth)
+            let bounce = BufferPool::new(buf_size, count)
                 .map_err(|e| EngineError::new(libc::ENOMEM, format!("bounce buffers: {e}")))?;
             c.register_pool(&bounce).map_err(EngineError::from)?;
             if let Some(m) = self
@@ -501,6 +419,9 @@ impl EngineThread {
         };
         tracing::debug!("{}: qpair {} of depth {}", ctrl.key(), qp.qid(), qp.depth());
         self.conns.push(Conn { qp, bounce, ctrl });
+        // One poll may bring a completion for every command of every qpair.
+        let all: usize = self.conns.iter().map(|c| usize::from(c.qp.depth())).sum();
+        self.scratch.reserve(all.saturating_sub(self.scratch.len()));
         Ok(idx)
     }
 
@@ -517,241 +438,6 @@ impl EngineThread {
                 format!("close of unknown file handle {handle}"),
             )),
         }
-    }
-
-    /// fio's queue. `data` is fio's buffer (`xfer_buf`, `xfer_buflen`) for reads and writes;
-    /// `len` is the byte count (for a trim, its length).
-    pub fn queue(
-        &mut self,
-        handle: u32,
-        op: Op,
-        offset: u64,
-        len: u64,
-        data: Option<FioBuf>,
-        tag: u64,
-    ) -> Result<Queued> {
-        let Some(Some(file)) = self.files.get(handle as usize) else {
-            return Err(EngineError::new(
-                libc::EBADF,
-                format!("I/O on unknown file handle {handle}"),
-            ));
-        };
-        let (conn, ns) = (file.conn, file.ns);
-        let bs = u64::from(ns.block_size);
-        let check_range = || -> Result<u64> {
-            let size = ns.blocks * bs;
-            if len == 0 || !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
-                return Err(EngineError::invalid(format!(
-                    "{} of {len} bytes at offset {offset}: not a multiple of the {bs}-byte block size",
-                    op.name()
-                )));
-            }
-            if offset.checked_add(len).is_none_or(|end| end > size) {
-                return Err(EngineError::invalid(format!("{} at offset {offset} of {len} bytes is past the namespace's end ({size} bytes)", op.name())));
-            }
-            Ok(len / bs)
-        };
-        let slba = offset / bs;
-        let nsid = ns.nsid;
-        match op {
-            Op::Read | Op::Write => {
-                let nlb = check_range()?;
-                if nlb > MAX_NLB {
-                    return Err(EngineError::invalid(format!(
-                        "{} of {nlb} blocks: above {MAX_NLB} per command",
-                        op.name()
-                    )));
-                }
-                let Some(fio) = data else {
-                    return Err(EngineError::invalid(format!(
-                        "{} without a buffer",
-                        op.name()
-                    )));
-                };
-                let len = len as usize;
-                if fio.len() < len {
-                    return Err(EngineError::invalid(format!(
-                        "{} buffer of {} bytes for {len} bytes",
-                        op.name(),
-                        fio.len()
-                    )));
-                }
-                // Zero copy when fio's buffer is one of ours, registered on this connection.
-                let zc = self
-                    .iomem
-                    .as_mut()
-                    .filter(|m| m.registered == Some(conn))
-                    .and_then(|m| m.buffer_at(fio.addr(), len).map(|i| (i, m.bufs[i].take())));
-                let (buf, data) = match zc {
-                    Some((i, Some(mut b))) => {
-                        b.set_len(len);
-                        (b, Data::ZeroCopy(i))
-                    }
-                    _ => {
-                        let Some(mut b) = self.conns[conn].bounce.get() else {
-                            return Ok(Queued::Busy);
-                        };
-                        if b.capacity() < len {
-                            return Err(EngineError::invalid(format!(
-                                "{} of {len} bytes: above the engine's buffers of {} bytes",
-                                op.name(),
-                                b.capacity()
-                            )));
-                        }
-                        b.set_len(len);
-                        if op == Op::Write {
-                            fio.copy_to(&mut b);
-                            (b, Data::Nothing)
-                        } else {
-                            (b, Data::CopyOut(fio))
-                        }
-                    }
-                };
-                let inflight = Inflight {
-                    tag,
-                    file: handle,
-                    op,
-                    offset,
-                    data,
-                };
-                let slot = match self.slots.insert(inflight) {
-                    Ok(s) => s,
-                    Err(io) => {
-                        self.give_back(&io.data, Some(buf));
-                        return Ok(Queued::Busy);
-                    }
-                };
-                let qp = &mut self.conns[conn].qp;
-                let r = if op == Op::Read {
-                    qp.read(nsid, slba, nlb as u32, buf, u64::from(slot))
-                } else {
-                    qp.write(nsid, slba, nlb as u32, buf, u64::from(slot))
-                };
-                self.submitted(slot, r)
-            }
-            Op::Trim => {
-                let nlb = check_range()?;
-                let nlb = u32::try_from(nlb).map_err(|_| {
-                    EngineError::invalid(format!("trim of {nlb} blocks: above 2^32-1"))
-                })?;
-                let Some(mut b) = self.conns[conn].bounce.get() else {
-                    return Ok(Queued::Busy);
-                };
-                let range = DsmRange {
-                    cattr: 0.into(),
-                    nlb: nlb.into(),
-                    slba: slba.into(),
-                };
-                b.set_len(range.as_bytes().len());
-                b.copy_from_slice(range.as_bytes());
-                let inflight = Inflight {
-                    tag,
-                    file: handle,
-                    op,
-                    offset,
-                    data: Data::Nothing,
-                };
-                let Ok(slot) = self.slots.insert(inflight) else {
-                    return Ok(Queued::Busy);
-                };
-                let r = self.conns[conn]
-                    .qp
-                    .dataset_management(nsid, 1, true, b, u64::from(slot));
-                self.submitted(slot, r)
-            }
-            Op::Flush => {
-                let inflight = Inflight {
-                    tag,
-                    file: handle,
-                    op,
-                    offset,
-                    data: Data::Nothing,
-                };
-                let Ok(slot) = self.slots.insert(inflight) else {
-                    return Ok(Queued::Busy);
-                };
-                let r = self.conns[conn].qp.flush(nsid, u64::from(slot));
-                self.submitted(slot, r)
-            }
-        }
-    }
-
-    /// Settles a submission: on refusal the slot and buffer are released.
-    fn submitted(&mut self, slot: u32, r: Result<(), SubmitError>) -> Result<Queued> {
-        let Err(e) = r else { return Ok(Queued::Queued) };
-        let io = self.slots.take(slot).expect("just inserted");
-        self.give_back(&io.data, e.buf);
-        match e.kind {
-            SubmitErrorKind::QueueFull => Ok(Queued::Busy),
-            kind => {
-                let why = match self.files.get(io.file as usize) {
-                    Some(Some(f)) => match self.conns[f.conn].qp.failure() {
-                        Some(f) => f.to_string(),
-                        None => format!("{kind:?}"),
-                    },
-                    _ => format!("{kind:?}"),
-                };
-                Err(EngineError::new(
-                    submit_errno(kind),
-                    format!("{} at offset {} refused: {why}", io.op.name(), io.offset),
-                ))
-            }
-        }
-    }
-
-    /// Returns a zero-copy buffer to its place (other buffers go back to their pool on drop).
-    fn give_back(&mut self, data: &Data, buf: Option<IoBuf>) {
-        if let (Data::ZeroCopy(i), Some(mut b)) = (data, buf) {
-            if let Some(m) = self.iomem.as_mut() {
-                let cap = b.capacity();
-                b.set_len(cap);
-                m.bufs[*i] = Some(b);
-            }
-        }
-    }
-
-    /// Polls every connection once; finished commands become events. Returns how many.
-    fn reap(&mut self) -> usize {
-        let mut done = std::mem::take(&mut self.scratch);
-        for conn in &mut self.conns {
-            conn.qp.poll(&mut done);
-        }
-        let n = done.len();
-        for c in done.drain(..) {
-            let Ok(slot) = u32::try_from(c.tag) else {
-                continue;
-            };
-            let Some(io) = self.slots.take(slot) else {
-                tracing::error!("completion for unknown slot {slot}");
-                continue;
-            };
-            let err = status_errno(&c.status);
-            if err != 0 && self.errors_reported < MAX_ERROR_REPORTS {
-                self.errors_reported += 1;
-                let name = match self.files.get(io.file as usize) {
-                    Some(Some(f)) => f.name.as_str(),
-                    _ => "?",
-                };
-                say!(
-                    "{name}: {} at offset {} failed: {}",
-                    io.op.name(),
-                    io.offset,
-                    c.status
-                );
-            }
-            match &io.data {
-                Data::CopyOut(fio) if err == 0 => {
-                    if let Some(b) = &c.buf {
-                        fio.copy_from(b);
-                    }
-                }
-                Data::ZeroCopy(_) => self.give_back(&io.data, c.buf),
-                _ => {}
-            }
-            self.ready.push_back(Event { tag: io.tag, err });
-        }
-        self.scratch = done;
-        n
     }
 
     /// fio's getevents: waits until at least `min` I/Os finished (or `timeout` passed;
@@ -805,6 +491,15 @@ impl EngineThread {
     /// Ends the thread's connections: qpairs first, then (when no other thread uses them)
     /// the controllers.
     pub fn shutdown(&mut self) {
+        let n = std::mem::take(&mut self.counters);
+        if n.ios > 0 {
+            tracing::info!(
+                "{} I/Os in {} commands; {} split above the maximum transfer",
+                n.ios,
+                n.commands,
+                n.split
+            );
+        }
         for c in self.conns.drain(..) {
             let Conn { qp, bounce, ctrl } = c;
             qp.disconnect();
@@ -826,38 +521,6 @@ impl Drop for EngineThread {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn inflight(tag: u64) -> Inflight {
-        Inflight {
-            tag,
-            file: 0,
-            op: Op::Read,
-            offset: 0,
-            data: Data::Nothing,
-        }
-    }
-
-    #[test]
-    fn slots_hand_out_each_index_once() {
-        let mut s = Slots::new(3);
-        let a = s.insert(inflight(10)).unwrap();
-        let b = s.insert(inflight(11)).unwrap();
-        let c = s.insert(inflight(12)).unwrap();
-        assert_eq!(s.outstanding(), 3);
-        let mut all = [a, b, c];
-        all.sort();
-        assert_eq!(all, [0, 1, 2]);
-        assert_eq!(s.insert(inflight(13)).unwrap_err().tag, 13, "full");
-        assert_eq!(s.take(b).unwrap().tag, 11);
-        assert!(s.take(b).is_none(), "taken twice");
-        assert!(s.take(99).is_none(), "out of range");
-        assert_eq!(
-            s.insert(inflight(14)).unwrap(),
-            b,
-            "the freed slot is reused"
-        );
-        assert_eq!(s.outstanding(), 3);
-    }
 
     #[test]
     fn op_codes() {
@@ -883,42 +546,6 @@ mod tests {
         assert_eq!(t.getevents(8, 8, None), 2);
         assert_eq!(t.event(1), Some(Event { tag: 4, err: 0 }));
         assert_eq!(t.getevents(0, 8, None), 0);
-    }
-
-    #[test]
-    fn iomem_layout_matches_fio() {
-        let mut t = EngineThread::new(EngineOptions::default());
-        t.init(4, 8192).unwrap();
-        // fio 3.33: max_bs * iodepth + page_mask (FIO_RAWIO), + page_mask again (FIO_MEMALIGN).
-        let total = 8192 * 4 + 2 * 4095;
-        let base = t.iomem_alloc(total, 8192, 4, 0).unwrap() as usize;
-        assert_eq!(base % 4096, 0);
-        let m = t.iomem.as_ref().unwrap();
-        assert!(m.zero_copy_layout);
-        assert!(m.buf_size * m.bufs.len() >= total);
-        for i in 0..4 {
-            assert_eq!(m.buffer_at(base + i * 8192, 8192), Some(i));
-            assert_eq!(
-                m.buffer_at(base + i * 8192, 4096),
-                Some(i),
-                "shorter transfers too"
-            );
-        }
-        assert_eq!(m.buffer_at(base + 4096, 4096), None, "not a buffer start");
-        assert_eq!(m.buffer_at(base, 8193), None, "longer than a buffer");
-        assert_eq!(m.buffer_at(base - 8192, 8192), None);
-        // Odd block sizes or mem_align: plain memory, copied.
-        let base = t.iomem_alloc(4 * 4096 + 2 * 4095, 4096, 4, 0).unwrap() as usize;
-        let m = t.iomem.as_ref().unwrap();
-        assert!(m.zero_copy_layout, "4 KiB blocks");
-        assert!(m.buf_size * m.bufs.len() >= 4 * 4096 + 2 * 4095);
-        assert_eq!(m.buffer_at(base + 3 * 4096, 4096), Some(3));
-        t.iomem_alloc(3 * 6000 + 4095, 6000, 3, 0).unwrap();
-        assert!(!t.iomem.as_ref().unwrap().zero_copy_layout);
-        t.iomem_alloc(total + 512, 8192, 4, 512).unwrap();
-        assert!(!t.iomem.as_ref().unwrap().zero_copy_layout);
-        t.iomem_free();
-        assert!(t.iomem.is_none());
     }
 
     #[test]

@@ -100,19 +100,26 @@ impl FioBuf {
         self.len == 0
     }
 
-    /// Copies fio's bytes into `dst` (as many as both hold).
-    pub fn copy_to(&self, dst: &mut [u8]) {
-        let n = self.len.min(dst.len());
-        // SAFETY: `new`'s contract makes [ptr, ptr + len) readable and ours; n <= len. `dst`
-        // is a Rust slice, so it cannot overlap memory nobody else may access.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), dst.as_mut_ptr(), n) }
+    /// Copies fio's bytes from `off` on into `dst` (as many as both hold).
+    pub fn copy_to(&self, off: usize, dst: &mut [u8]) {
+        let n = self.len.saturating_sub(off).min(dst.len());
+        if n == 0 {
+            return;
+        }
+        // SAFETY: `new`'s contract makes [ptr, ptr + len) readable and ours; n > 0 makes
+        // off < len, and off + n <= len.
+        // `dst` is a Rust slice, so it cannot overlap memory nobody else may access.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), n) }
     }
 
-    /// Copies `src` into fio's buffer (as many bytes as both hold).
-    pub fn copy_from(&self, src: &[u8]) {
-        let n = self.len.min(src.len());
+    /// Copies `src` into fio's buffer from `off` on (as many bytes as both hold).
+    pub fn copy_from(&self, off: usize, src: &[u8]) {
+        let n = self.len.saturating_sub(off).min(src.len());
+        if n == 0 {
+            return;
+        }
         // SAFETY: as in `copy_to`, with the buffer writable.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr(), n) }
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), n) }
     }
 }
 
@@ -529,11 +536,19 @@ mod tests {
             // SAFETY: `mem` outlives `b` and is not touched while `b` is used.
             let b = unsafe { FioBuf::new(mem.as_mut_ptr(), 3) }.unwrap();
             let mut out = [0u8; 8];
-            b.copy_to(&mut out);
+            b.copy_to(0, &mut out);
             assert_eq!(out, [1, 2, 3, 0, 0, 0, 0, 0]);
-            b.copy_from(&[9, 9, 9, 9, 9]);
+            let mut out = [0u8; 8];
+            b.copy_to(1, &mut out);
+            assert_eq!(out, [2, 3, 0, 0, 0, 0, 0, 0], "from an offset");
+            b.copy_to(3, &mut out);
+            b.copy_to(7, &mut out);
+            assert_eq!(out, [2, 3, 0, 0, 0, 0, 0, 0], "nothing past the end");
+            b.copy_from(0, &[9, 9, 9, 9, 9]);
+            b.copy_from(2, &[7, 7]);
+            b.copy_from(5, &[6]);
         }
-        assert_eq!(mem, [9, 9, 9, 4], "only len bytes are written");
+        assert_eq!(mem, [9, 9, 7, 4], "only len bytes are written");
         // SAFETY: null is refused before any access.
         assert!(unsafe { FioBuf::new(null_mut(), 8) }.is_none());
     }

@@ -18,6 +18,8 @@
 //! - Each fio thread gets one I/O qpair of its `iodepth` per controller it uses; several
 //!   namespaces of one controller share it. Submissions go out at once (no `commit`);
 //!   `getevents` polls (without sleeping unless told to: [`engine::Idle`]).
+//! - An `io_u` above the controller's maximum transfer (MDTS) goes out as several commands
+//!   and completes when all did ([`split`]).
 //! - Data moves without copying when fio's buffers come from the engine (see [`engine`]),
 //!   else through registered bounce buffers with one copy.
 //! - Read, Write, Trim (Dataset Management, deallocate) and fsync (Flush).
@@ -37,6 +39,7 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod registry;
+pub mod split;
 
 pub use engine::{EngineOptions, EngineThread, Event, Idle, Op, Queued};
 pub use error::EngineError;

@@ -5,6 +5,11 @@
 # 1. data integrity: fio/jobs/verify.fio (crc32c, 4-128 KiB random writes, read back) through
 #    the engine on both targets, zero copy; the same with nvmf_copy=1 (bounce buffers) on the
 #    kernel target;
+#    I/O above the maximum transfer (MDTS): crc32c verify with blocks larger than the
+#    target's MDTS (up to 1 MiB on ours, whose MDTS is max_io_size, 128 KiB by default;
+#    4 MiB on nvmet-rdma, whose MDTS is 1 MiB), zero copy and bounce buffers; the engine's
+#    log must show the MDTS it found and I/Os split into several commands; what the split
+#    writes stored is read back by the kernel host (ours) and from null_blk (kernel);
 # 2. every other job file of fio/jobs through the engine on the kernel target, briefly (they
 #    run, with thread=1 and the engine's options);
 # 3. fio/jobs/randread-4k-qd32.fio through the engine (pure polling, and yielding when idle)
@@ -14,7 +19,8 @@
 #
 # Build on the host first:
 #   fio/build-engine.sh && cargo build --release -p nvmf-target -p nvmf-rpc --bins
-# Usage: tests/lab/run fio-engine [RUNTIME_SECONDS [REPEATS]]   (default 5 s, 2 repeats)
+# Usage: tests/lab/run fio-engine [RUNTIME_SECONDS [REPEATS]]   (default 5 s, 2 repeats;
+# tests/run-all passes 2 1: the checks are the same, the table is only indicative)
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
 lab_init fio-engine
@@ -78,6 +84,55 @@ lab_fio backing-write --ioengine="$eng" --thread=1 --filename="$kfile" --do_veri
 lab_fio backing-verify --ioengine=libaio --direct=1 --filename="$nullb" --verify_only=1 \
     "${vargs[@]}" >/dev/null || lab_fail "null_blk does not hold what the engine wrote"
 
+# -------------------------------------------- 1b. I/O above the MDTS --
+# The kernel host's block devices of both targets: here to read back what split writes
+# stored, in 3. for the comparison.
+kdev=$(lab_nvme_connect "$knqn" "$LAB_ADDR0" 4420)
+odev=$(lab_nvme_connect "$onqn" "$LAB_ADDR0" 4421)
+
+# split_job NAME FILENAME MAX_BS FIO_ARGS...: fio through the engine with its log (info) in
+# $LAB_OUT/NAME.engine.log. Fails if fio fails, or unless the log shows the maximum
+# transfer the engine found below MAX_BS (bytes) and I/Os split into several commands.
+split_job() {
+    local name=$1 file=$2 max_bs=$3 log=$LAB_OUT/$1.engine.log mdts nsplit rc=0
+    shift 3
+    NVMF_FIO_LOG=nvmf_fio=info lab_fio "$name" --ioengine="$eng" --thread=1 \
+        --filename="$file" "$@" 2>"$log" || rc=$?
+    cat "$log" >&2
+    ((rc == 0)) || lab_fail "$name: fio through the engine failed (see $log)"
+    mdts=$(sed -n 's/.*maximum transfer \([0-9][0-9]*\) bytes.*/\1/p' "$log" | head -n 1)
+    nsplit=$(sed -n 's/.* \([0-9][0-9]*\) split above the maximum transfer.*/\1/p' "$log" |
+        awk '{ n += $1 } END { print n + 0 }')
+    [[ -n $mdts ]] || lab_fail "$name: the engine logged no maximum transfer"
+    ((max_bs > mdts)) ||
+        lab_fail "$name: blocks of up to $max_bs bytes are not above the maximum transfer ($mdts bytes)"
+    ((nsplit > 0)) || lab_fail "$name: no I/O was split into several commands"
+    lab_log "$name: maximum transfer $mdts bytes, blocks up to $max_bs bytes, $nsplit I/Os split"
+    echo "$name: maximum transfer $mdts bytes, blocks up to $max_bs bytes, $nsplit I/Os split" \
+        >>"$LAB_OUT/split.txt"
+}
+sverify=(--rw=randwrite --iodepth=4 --verify=crc32c --do_verify=1 --verify_fatal=1)
+# Ours (MDTS 128 KiB): mixed sizes, zero copy (fio's buffers cut into 128 KiB pieces) and
+# bounce buffers.
+split_job split-ours "$ofile" $((1 << 20)) "${sverify[@]}" --bsrange=4k-1m --size=32M \
+    --offset=128M
+split_job split-ours-copy "$ofile" $((1 << 20)) "${sverify[@]}" --nvmf_copy=1 \
+    --bsrange=4k-1m --size=32M --offset=160M
+# nvmet-rdma (MDTS 1 MiB): 4 MiB blocks.
+split_job split-kernel "$kfile" $((4 << 20)) "${sverify[@]}" --bs=4m --size=32M --offset=128M
+# Each part landed where it belongs: written through the engine in split blocks, verified
+# through another path (the kernel host's block device; null_blk itself).
+vargs=(--rw=write --bs=1m --size=8M --offset=200M --verify=crc32c --randrepeat=1)
+lab_fio split-write-ours --ioengine="$eng" --thread=1 --filename="$ofile" --do_verify=0 \
+    "${vargs[@]}" >/dev/null || lab_fail "writing 1 MiB blocks through the engine (nvmf-tgt) failed"
+lab_fio split-verify-ours --ioengine=libaio --direct=1 --filename="$odev" --verify_only=1 \
+    "${vargs[@]}" >/dev/null || lab_fail "nvmf-tgt does not hold what the engine wrote in 1 MiB blocks"
+vargs=(--rw=write --bs=4m --size=16M --offset=200M --verify=crc32c --randrepeat=1)
+lab_fio split-write-kernel --ioengine="$eng" --thread=1 --filename="$kfile" --do_verify=0 \
+    "${vargs[@]}" >/dev/null || lab_fail "writing 4 MiB blocks through the engine (nvmet-rdma) failed"
+lab_fio split-verify-kernel --ioengine=libaio --direct=1 --filename="$nullb" --verify_only=1 \
+    "${vargs[@]}" >/dev/null || lab_fail "null_blk does not hold what the engine wrote in 4 MiB blocks"
+
 # ------------------------------------------------------- 2. the job files --
 for job in randread-4k-qd1 randwrite-4k-qd1 randwrite-4k-qd32 randrw-70-30 seq-read-128k seq-write-128k; do
     fio_job "jobs-$job" "$JOBS/$job.fio" "$kfile" "$eng" 2 >"$LAB_OUT/jobs-$job.txt" ||
@@ -91,8 +146,6 @@ done
 # time compete with a spinning vCPU).
 idle_spin=${NVMF_FIO_LAB_IDLE_SPIN:-32}
 idle_us=${NVMF_FIO_LAB_IDLE_US:-20}
-kdev=$(lab_nvme_connect "$knqn" "$LAB_ADDR0" 4420)
-odev=$(lab_nvme_connect "$onqn" "$LAB_ADDR0" 4421)
 mkdir -p "$LAB_OUT/runs"
 for ((rep = 1; rep <= repeats; rep++)); do
     # Rotate the order, so drift in the VM favours none.
@@ -168,4 +221,4 @@ PY
 
 nvmf_tgt_stop
 lab_kernel_target_down
-lab_pass "fio verify (crc32c) through the engine on nvmf-tgt and nvmet-rdma, zero copy and bounce buffers; every job file runs; engine vs kernel block device table"
+lab_pass "fio verify (crc32c) through the engine on nvmf-tgt and nvmet-rdma, zero copy and bounce buffers, also with blocks above the MDTS split into several commands; every job file runs; engine vs kernel block device table"
