@@ -130,10 +130,11 @@ impl Default for ControllerOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MemoryWindows {
     /// Per-command keys where the device has type 2 memory windows, except on soft-RoCE
-    /// (rxe, Linux 6.1): there, under sustained load, we saw commands go unanswered or the
-    /// QP fail without an error completion with windows in use (most often against the
-    /// kernel's nvmet-rdma, which invalidates remotely), and never without them. Not
-    /// root-caused; SPDK likewise avoids remote invalidation on rxe.
+    /// (rxe, Linux 6.1): there, with the kernel's nvmet-rdma RDMA READing 128 KiB writes
+    /// through the windows, about one 4 MiB transfer in two lost a command (no response, or
+    /// the QP failing with no error completion), with remote and with local invalidation
+    /// alike, and never with the pool's key. Not root-caused (rxe's replay of a retried RDMA
+    /// READ rechecks the key, which by then may be invalid, and fails silently).
     #[default]
     Auto,
     /// Per-command keys whenever the device has type 2 memory windows.
