@@ -30,7 +30,7 @@ use zerocopy::IntoBytes;
 
 use crate::controller::{connect_error, Shared, STATE_LIVE, STATE_RESETTING};
 use crate::error::{Error, QueueFault, Result};
-use crate::transport::{Data, RdmaQueue, POLL_BATCH};
+use crate::transport::{Data, KeyStats, RdmaQueue, POLL_BATCH};
 
 /// Times a command is resubmitted after timing out (with reconnect configured), as Linux's
 /// `nvme_max_retries`.
@@ -131,6 +131,13 @@ pub struct QpairStats {
     pub remote_invalidations: u64,
     /// Commands whose key we invalidated (the target answered with a plain SEND).
     pub local_invalidations: u64,
+}
+
+impl QpairStats {
+    fn add_keys(&mut self, k: KeyStats) {
+        self.remote_invalidations += k.remote_invalidations;
+        self.local_invalidations += k.local_invalidations;
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -287,9 +294,7 @@ impl IoQpair {
     pub fn stats(&self) -> QpairStats {
         let mut s = self.stats;
         if let Some(q) = &self.queue {
-            let k = q.key_stats();
-            s.remote_invalidations += k.remote_invalidations;
-            s.local_invalidations += k.local_invalidations;
+            s.add_keys(q.key_stats());
         }
         s
     }
@@ -432,7 +437,11 @@ impl IoQpair {
         if let Some(b) = &buf {
             let keyed = dir == DataDir::FromController
                 || (dir == DataDir::ToController && b.len() as u64 > u64::from(self.in_capsule));
-            if keyed && self.shared.windows && window_over(b, dir).is_none() {
+            let bindable = || match window_over(b, dir) {
+                Some(Data::Window { mr, .. }) => Arc::ptr_eq(mr.pd(), &self.shared.pd),
+                _ => false,
+            };
+            if keyed && self.shared.windows && !bindable() {
                 // Not from a pool registered on this controller.
                 return Err(SubmitError {
                     kind: SubmitErrorKind::Invalid,
@@ -599,9 +608,7 @@ impl IoQpair {
         // the buffers we are about to hand back. Dropping it destroys the QP.
         if let Some(mut q) = self.queue.take() {
             q.disconnect(Duration::ZERO);
-            let k = q.key_stats();
-            self.stats.remote_invalidations += k.remote_invalidations;
-            self.stats.local_invalidations += k.local_invalidations;
+            self.stats.add_keys(q.key_stats());
         }
         let reason = match &why {
             Teardown::Fault(f) => format!("queue {} to {}: {f}", self.qid, self.shared.peer),
