@@ -60,3 +60,17 @@ pub use host::HostIdentity;
 pub use qpair::{
     DataDir, IoCompletion, IoQpair, IoStatus, QpairState, QpairStats, SubmitError, SubmitErrorKind,
 };
+
+/// Logging for the command-line tools: `RUST_LOG` (default `warn`) to stderr, coloured when
+/// stderr is a terminal, so stdout stays the tool's output (`--json`, hex dumps).
+pub fn init_tool_logging() {
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}

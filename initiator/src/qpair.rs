@@ -317,10 +317,12 @@ impl IoQpair {
         buf: IoBuf,
         tag: u64,
     ) -> Result<(), SubmitError> {
-        let buf = check_nlb(nlb, Some(buf))?.expect("given a buffer, returns it");
-        self.submit(
-            Command::read(0, nsid, slba, nlb),
-            Some(buf),
+        self.submit_blocks(
+            Command::read,
+            nsid,
+            slba,
+            nlb,
+            buf,
             DataDir::FromController,
             tag,
         )
@@ -335,10 +337,12 @@ impl IoQpair {
         buf: IoBuf,
         tag: u64,
     ) -> Result<(), SubmitError> {
-        let buf = check_nlb(nlb, Some(buf))?.expect("given a buffer, returns it");
-        self.submit(
-            Command::write(0, nsid, slba, nlb),
-            Some(buf),
+        self.submit_blocks(
+            Command::write,
+            nsid,
+            slba,
+            nlb,
+            buf,
             DataDir::ToController,
             tag,
         )
@@ -353,13 +357,32 @@ impl IoQpair {
         buf: IoBuf,
         tag: u64,
     ) -> Result<(), SubmitError> {
-        let buf = check_nlb(nlb, Some(buf))?.expect("given a buffer, returns it");
-        self.submit(
-            Command::compare(0, nsid, slba, nlb),
-            Some(buf),
+        self.submit_blocks(
+            Command::compare,
+            nsid,
+            slba,
+            nlb,
+            buf,
             DataDir::ToController,
             tag,
         )
+    }
+
+    /// A Read / Write / Compare built by `build` (e.g. [`Command::read`]) carrying `buf`,
+    /// once NLB is known to fit the command.
+    #[allow(clippy::too_many_arguments)]
+    fn submit_blocks(
+        &mut self,
+        build: fn(u16, u32, u64, u32) -> Command,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        dir: DataDir,
+        tag: u64,
+    ) -> Result<(), SubmitError> {
+        let buf = check_nlb(nlb, Some(buf))?;
+        self.submit(build(0, nsid, slba, nlb), buf, dir, tag)
     }
 
     pub fn write_zeroes(

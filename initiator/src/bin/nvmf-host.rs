@@ -2,7 +2,7 @@
 //! close to nvme-cli's (`nvme discover`, `id-ctrl`, `id-ns`, `smart-log`, `get-log`), plus
 //! block-range read / write to and from a file.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -586,14 +586,7 @@ fn cmd_get_log(cli: &Cli, r: &str, lid: u64, len: u64, nsid: u32, raw: bool) -> 
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    nvmf_initiator::init_tool_logging();
     let cli = Cli::parse();
     let r = match &cli.cmd {
         Cmd::Discover { r } => cmd_discover(&cli, r),

@@ -825,14 +825,7 @@ fn report(
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    nvmf_initiator::init_tool_logging();
     let args = Args::parse();
     match run(args) {
         Ok(true) => ExitCode::SUCCESS,

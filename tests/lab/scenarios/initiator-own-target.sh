@@ -32,6 +32,20 @@ expect_fail() {
     echo "bad situation $name: exit $rc after ${took}s: $(grep -Ei "$pat" "$LAB_OUT/bad-$name.log" | head -n1)"
 }
 
+# finish_reconnect_run NAME WHAT LABEL: waits for the nvmf-perf started with lab_bg NAME (pid
+# in perf_pid); it must exit 0 having reconnected. Prints and records its JSON summary.
+finish_reconnect_run() {
+    local name=$1 what=$2 label=$3 rc=0 line
+    wait "$perf_pid" || rc=$?
+    cat "$LAB_OUT/$name.log" >&2
+    ((rc == 0)) || lab_fail "nvmf-perf with reconnect ($what): exit $rc"
+    grep -q 'reconnected' "$LAB_OUT/$name.log" || lab_fail "nvmf-perf did not reconnect ($what)"
+    sed -n '/^{/,$p' "$LAB_OUT/$name.log" >"$LAB_OUT/$name.json"
+    line=$(perf_summary "$LAB_OUT/$name.json")
+    echo "bad situation $what: nvmf-perf reconnected and finished: $line"
+    summary+=("$label: $line")
+}
+
 lab_rxe_up
 nvmf_tgt_start -m 0x1
 nqn=nqn.2016-06.io.spdk:cnode1
@@ -152,15 +166,7 @@ kill -9 "$NVMF_TGT_PID"
 NVMF_TGT_PID=
 sleep 3
 nvmf_tgt_start -m 0x1 -c "$LAB_STATE/tgt.json"
-rc=0
-wait "$perf_pid" || rc=$?
-cat "$LAB_OUT/perf-reconnect.log" >&2
-((rc == 0)) || lab_fail "nvmf-perf with reconnect: exit $rc"
-grep -q 'reconnected' "$LAB_OUT/perf-reconnect.log" || lab_fail "nvmf-perf did not report a reconnect"
-sed -n '/^{/,$p' "$LAB_OUT/perf-reconnect.log" >"$LAB_OUT/perf-reconnect.json"
-line=$(perf_summary "$LAB_OUT/perf-reconnect.json")
-echo "bad situation target-restarted: nvmf-perf reconnected and finished: $line"
-summary+=("reconnect run: $line")
+finish_reconnect_run perf-reconnect target-restarted "reconnect run"
 
 # Link dropped: every packet on the veth pair lost (netem), the links stay up. With
 # reconnect: the I/O timeout / keep-alive notice, the association is rebuilt once packets
@@ -182,15 +188,7 @@ sleep 3
 link_drop
 sleep 10
 link_restore
-rc=0
-wait "$perf_pid" || rc=$?
-cat "$LAB_OUT/perf-linkdrop.log" >&2
-((rc == 0)) || lab_fail "nvmf-perf with reconnect across a dropped link: exit $rc"
-grep -q 'reconnected' "$LAB_OUT/perf-linkdrop.log" || lab_fail "nvmf-perf did not reconnect after the link came back"
-sed -n '/^{/,$p' "$LAB_OUT/perf-linkdrop.log" >"$LAB_OUT/perf-linkdrop.json"
-line=$(perf_summary "$LAB_OUT/perf-linkdrop.json")
-echo "bad situation link-dropped (reconnect): nvmf-perf reconnected and finished: $line"
-summary+=("link dropped 10 s, reconnect: $line")
+finish_reconnect_run perf-linkdrop "link-dropped (reconnect)" "link dropped 10 s, reconnect"
 
 # Link dropped without reconnect: a clear error and a non-zero exit within the I/O timeout
 # (5 s) plus slack.
