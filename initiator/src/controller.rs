@@ -130,11 +130,13 @@ impl Default for ControllerOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MemoryWindows {
     /// Per-command keys where the device has type 2 memory windows, except on soft-RoCE
-    /// (rxe, Linux 6.1): there, with the kernel's nvmet-rdma RDMA READing 128 KiB writes
-    /// through the windows, about one 4 MiB transfer in two lost a command (no response, or
-    /// the QP failing with no error completion), with remote and with local invalidation
-    /// alike, and never with the pool's key. Not root-caused (rxe's replay of a retried RDMA
-    /// READ rechecks the key, which by then may be invalid, and fails silently).
+    /// (rxe). rxe (Linux 6.1) runs a bind or local invalidation a second time when a
+    /// retransmission rewinds its send queue before that work request was retired: the
+    /// second bind of the window fails (EINVAL; a kretprobe on `rxe_bind_mw` shows the
+    /// same work request bound twice within a millisecond) and the queue breaks or loses
+    /// the command. Any retransmission can trigger it, and rxe retransmits whenever its
+    /// packets arrive out of order or are lost: on a veth pair shared by two CPUs, about
+    /// one 4 MiB write in two failed. The pool's key is immune.
     #[default]
     Auto,
     /// Per-command keys whenever the device has type 2 memory windows.
@@ -160,7 +162,7 @@ impl MemoryWindows {
         match self {
             Self::Off => false,
             Self::On => device_has_windows(pd),
-            Self::Auto => device_has_windows(pd) && !pd.context().device().name.starts_with("rxe"),
+            Self::Auto => device_has_windows(pd) && !pd.context().is_soft_roce(),
         }
     }
 }

@@ -33,6 +33,13 @@ LAB_RXE_MODE=${LAB_RXE_MODE:-wire}
 # veth MTU. rxe derives its active MTU from it: 1500 -> 1024 (a 4 KiB transfer
 # is 4 packets), >= 4200 or so -> 4096 (one packet).
 LAB_VETH_MTU=${LAB_VETH_MTU:-1500}
+# CPU list (hex mask) that handles everything veth0/veth1 receive (RPS), or "" to leave
+# it to the sending CPU. A veth hands each packet to the backlog of the CPU that sent
+# it, and rxe sends one QP's packets from the poster's context and from softirq on
+# whichever CPU: the peer then sees PSNs out of order, NAKs, and the QP retransmits
+# (rxe hw_counters out_of_seq_request / completer_retry_err). A real NIC keeps a flow in
+# order; one receive CPU does the same here.
+LAB_VETH_RPS=${LAB_VETH_RPS-1}
 LAB_NQN_PREFIX=${LAB_NQN_PREFIX:-nqn.2024-01.io.nvmf-lab}
 LAB_OUT=${LAB_OUT:-/tmp/lab-out}
 NVMET_CFS=/sys/kernel/config/nvmet
@@ -178,6 +185,12 @@ lab_rxe_up() {
     lab_t 10 ip addr replace "$LAB_ADDR1/$LAB_PREFIX" dev veth1
     lab_t 10 ip link set veth0 up
     lab_t 10 ip link set veth1 up
+    if [[ -n $LAB_VETH_RPS ]]; then
+        local q
+        for q in /sys/class/net/veth0/queues/rx-*/rps_cpus /sys/class/net/veth1/queues/rx-*/rps_cpus; do
+            echo "$LAB_VETH_RPS" >"$q"
+        done
+    fi
 
     if [[ $LAB_RXE_MODE == wire ]]; then
         # Both addresses belong to this guest, so by default the kernel
@@ -224,6 +237,8 @@ lab_rxe_counters() {
         echo "$(basename "$d"): sent_pkts=$(cat "$c/sent_pkts" 2>/dev/null || echo ?)" \
             "rcvd_pkts=$(cat "$c/rcvd_pkts" 2>/dev/null || echo ?)" \
             "retry_exceeded=$(cat "$c/retry_exceeded_err" 2>/dev/null || echo ?)" \
+            "retries=$(cat "$c/completer_retry_err" 2>/dev/null || echo ?)" \
+            "out_of_seq=$(cat "$c/out_of_seq_request" 2>/dev/null || echo ?)" \
             "dup_req=$(cat "$c/duplicate_request" 2>/dev/null || echo ?)"
     done
 }

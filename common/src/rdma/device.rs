@@ -258,6 +258,16 @@ impl Context {
         device_info(unsafe { self.raw.as_ref() }.device)
     }
 
+    /// Whether this is Linux's software RoCE (rxe): by its vendor id, or by the name
+    /// `rdma link add` gives it by convention. Both ends of the product work around its
+    /// quirks (see the callers).
+    pub fn is_soft_roce(&self) -> bool {
+        self.device().name.starts_with("rxe")
+            || self
+                .query_device()
+                .is_ok_and(|a| a.vendor_id == RXE_VENDOR_ID)
+    }
+
     /// `ibv_query_device`: the device's limits and capabilities.
     pub fn query_device(&self) -> Result<DeviceAttr> {
         let mut attr = MaybeUninit::<sys::ibv_device_attr>::zeroed();
@@ -345,6 +355,9 @@ impl fmt::Debug for DeviceCapFlags {
         write!(f, "DeviceCapFlags({:#x})", self.0)
     }
 }
+
+/// The vendor id rxe reports (`RXE_VENDOR_ID` in the kernel's rxe_param.h).
+const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
 
 /// The fields of `ibv_device_attr` the target and initiator size their queues by.
 #[derive(Clone, Debug)]

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # initiator-kernel-target: our userspace initiator against the Linux kernel's nvmet-rdma
 # target (a target we did not write), on a memory-backed null_blk and on a brd RAM disk:
-# nvmf-host discover / identify, a pattern written with nvmf-host and read back identical,
-# nvmf-perf 4k randread qd32 and 70/30 randrw (IOPS, p99), the library's hardware test, and
+# nvmf-host discover / identify, a pattern written with nvmf-host and read back identical
+# (with the pool's key, and with per-command memory-window keys the target invalidates),
+# nvmf-perf 4k randread qd32 and 70/30 randrw (IOPS, p99) and 128k randrw with memory
+# windows, the library's hardware test (pool keys, then memory windows), and
 # nvmf-perf and fio through our ioengine (if fio/build-engine.sh built it) against the kernel
 # host's fio on its block device of the same target (same size and depth, three rotating
 # rounds, medians) in the same boot.
@@ -56,6 +58,16 @@ for name in kt-nullb kt-ram; do
 
     lab_t 30 "$HOST" smart-log -r "$r" >&2 || lab_fail "smart-log failed"
 
+    # The same with per-command keys (memory windows, Keyed SGL subtype Invalidate): the
+    # kernel target RDMA READs the 128 KiB writes through each command's window and
+    # invalidates its key with SEND_WITH_INVALIDATE.
+    head -c $((4 << 20)) /dev/urandom >"$LAB_STATE/pattern"
+    lab_t 60 "$HOST" write -r "$r" -n 1 -s 3000 -c "$count" -f "$LAB_STATE/pattern" --memory-windows on >&2 ||
+        lab_fail "nvmf-host write with memory windows failed"
+    lab_t 60 "$HOST" read -r "$r" -n 1 -s 3000 -c "$count" -f "$LAB_STATE/back" --memory-windows on >&2 ||
+        lab_fail "nvmf-host read with memory windows failed"
+    cmp "$LAB_STATE/pattern" "$LAB_STATE/back" || lab_fail "$name: data read back through memory windows differs"
+
     for job in "randread -q 32" "randrw -M 70 -q 32"; do
         tag=$(echo "$job" | awk '{print $1}')
         # shellcheck disable=SC2086
@@ -66,10 +78,16 @@ for name in kt-nullb kt-ram; do
         echo "nvmf-perf $name 4k $tag qd32 ${runtime}s: $line"
         summary+=("nvmf-perf $name $tag: $line")
     done
+    lab_t $((runtime + 60)) "$PERF" -r "$r" -o 131072 -w randrw -M 50 -q 16 -t "$runtime" \
+        --memory-windows on --json >"$LAB_OUT/$name-perf-mw.json" 2>"$LAB_OUT/$name-perf-mw.err" ||
+        { cat "$LAB_OUT/$name-perf-mw.err" >&2; lab_fail "$name: nvmf-perf with memory windows failed"; }
+    perf_check_keys "$LAB_OUT/$name-perf-mw.json" remote
+    summary+=("nvmf-perf $name 128k randrw qd16, memory windows: $(perf_summary "$LAB_OUT/$name-perf-mw.json")")
 done
 
 # The library's own hardware test on the null_blk subsystem.
 run_host_test "$(lab_nqn kt-nullb)" "$port" kernel auto
+run_host_test "$(lab_nqn kt-nullb)" "$port" kernel-windows on remote
 
 # nvmf-perf and fio through our ioengine (when fio/build-engine.sh built it) against the
 # kernel host's fio on the same kernel target, same size and depth, alternating (three
@@ -154,6 +172,7 @@ for job in ("randread", "randrw"):
 PY
 while read -r l; do summary+=("$l"); done <"$LAB_OUT/compare.txt"
 
+summary+=("rxe counters: $(lab_rxe_counters | tr '\n' ' ')")
 printf '%s\n' "${summary[@]}" | tee "$LAB_OUT/summary.txt"
 lab_kernel_target_down
-lab_pass "discover, identify, 4 MiB write+read back identical on null_blk and brd, nvmf-perf randread and randrw, nvmf-perf and our fio engine side by side with kernel fio"
+lab_pass "discover, identify, 4 MiB write+read back identical on null_blk and brd (pool keys and memory windows with remote invalidation), nvmf-perf randread and randrw, nvmf-perf and our fio engine side by side with kernel fio"

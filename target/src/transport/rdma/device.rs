@@ -81,11 +81,10 @@ impl DeviceResources {
         })?;
         // Soft-RoCE (rxe) advertises remote invalidation but SPDK found it unreliable there;
         // hosts cope either way, as the key is theirs to invalidate.
-        let is_rxe = ctx.device().name.starts_with("rxe");
         let send_with_invalidate = attr
             .device_cap_flags
             .contains(DeviceCapFlags::MEM_MGT_EXTENSIONS)
-            && !is_rxe;
+            && !ctx.is_soft_roce();
         let mut dev = Self {
             ctx,
             pd,
