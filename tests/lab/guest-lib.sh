@@ -33,13 +33,15 @@ LAB_RXE_MODE=${LAB_RXE_MODE:-wire}
 # veth MTU. rxe derives its active MTU from it: 1500 -> 1024 (a 4 KiB transfer
 # is 4 packets), >= 4200 or so -> 4096 (one packet).
 LAB_VETH_MTU=${LAB_VETH_MTU:-1500}
-# CPU list (hex mask) that handles everything veth0/veth1 receive (RPS), or "" to leave
-# it to the sending CPU. A veth hands each packet to the backlog of the CPU that sent
-# it, and rxe sends one QP's packets from the poster's context and from softirq on
-# whichever CPU: the peer then sees PSNs out of order, NAKs, and the QP retransmits
-# (rxe hw_counters out_of_seq_request / completer_retry_err). A real NIC keeps a flow in
-# order; one receive CPU does the same here.
-LAB_VETH_RPS=${LAB_VETH_RPS-1}
+# CPUs (hex mask) that handle everything veth0/veth1 receive (RPS): "last" (the default)
+# for the guest's last CPU, "" to leave it to the sending CPU. A veth hands each packet
+# to the backlog of the CPU that sent it, and rxe sends one QP's packets from the
+# poster's context and from softirq on whichever CPU: the peer then sees PSNs out of
+# order, NAKs, and the QP retransmits (rxe hw_counters out_of_seq_request /
+# completer_retry_err). A real NIC keeps a flow in order; one receive CPU does the same
+# here. The last CPU, because polling programs pin to the first by default (-c/-m 0x1),
+# as one keeps applications off a NIC's interrupt CPU.
+LAB_VETH_RPS=${LAB_VETH_RPS-last}
 LAB_NQN_PREFIX=${LAB_NQN_PREFIX:-nqn.2024-01.io.nvmf-lab}
 LAB_OUT=${LAB_OUT:-/tmp/lab-out}
 NVMET_CFS=/sys/kernel/config/nvmet
@@ -186,10 +188,12 @@ lab_rxe_up() {
     lab_t 10 ip link set veth0 up
     lab_t 10 ip link set veth1 up
     if [[ -n $LAB_VETH_RPS ]]; then
-        local q
+        local q mask=$LAB_VETH_RPS
+        [[ $mask == last ]] && mask=$(printf '%x' $((1 << ($(nproc) - 1))))
         for q in /sys/class/net/veth0/queues/rx-*/rps_cpus /sys/class/net/veth1/queues/rx-*/rps_cpus; do
-            echo "$LAB_VETH_RPS" >"$q"
+            echo "$mask" >"$q"
         done
+        lab_log "veth receive on CPU mask $mask (RPS)"
     fi
 
     if [[ $LAB_RXE_MODE == wire ]]; then
