@@ -157,6 +157,8 @@ struct Counters {
     split: u64,
     /// Commands sent.
     commands: u64,
+    /// I/Os of which a part had to wait for room (qpair full, bounce buffers out).
+    waited: u64,
 }
 
 /// One controller as this thread uses it: its own qpair and bounce buffers.
@@ -494,10 +496,11 @@ impl EngineThread {
         let n = std::mem::take(&mut self.counters);
         if n.ios > 0 {
             tracing::info!(
-                "{} I/Os in {} commands; {} split above the maximum transfer",
+                "{} I/Os in {} commands; {} split above the maximum transfer; {} waited for room",
                 n.ios,
                 n.commands,
-                n.split
+                n.split,
+                n.waited
             );
         }
         for c in self.conns.drain(..) {

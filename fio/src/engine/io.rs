@@ -142,6 +142,7 @@ impl EngineThread {
             }
             Sent::Stalled => {
                 self.count_io(split);
+                self.counters.waited += 1;
                 self.stalled.push_back(slot);
                 Ok(Queued::Queued)
             }

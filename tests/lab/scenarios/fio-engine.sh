@@ -120,6 +120,14 @@ split_job split-ours-copy "$ofile" $((1 << 20)) "${sverify[@]}" --nvmf_copy=1 \
     --bsrange=4k-1m --size=32M --offset=160M
 # nvmet-rdma (MDTS 1 MiB): 4 MiB blocks.
 split_job split-kernel "$kfile" $((4 << 20)) "${sverify[@]}" --bs=4m --size=32M --offset=128M
+# More parts than the qpair holds (32 I/Os of 1 MiB are 256 commands of 128 KiB; nvmf-tgt's
+# queues hold 128): parts wait for room and go out as others complete, and verify holds.
+split_job split-ours-full "$ofile" $((1 << 20)) --rw=randwrite --iodepth=32 --bs=1m \
+    --size=32M --offset=224M --verify=crc32c --do_verify=1 --verify_fatal=1
+waited=$(sed -n 's/.*; \([0-9][0-9]*\) waited for room.*/\1/p' "$LAB_OUT/split-ours-full.engine.log" |
+    awk '{ n += $1 } END { print n + 0 }')
+((waited > 0)) || lab_fail "split-ours-full: no I/O waited for room in the qpair"
+echo "split-ours-full: $waited I/Os waited for room in the qpair" >>"$LAB_OUT/split.txt"
 # Each part landed where it belongs: written through the engine in split blocks, verified
 # through another path (the kernel host's block device; null_blk itself).
 vargs=(--rw=write --bs=1m --size=8M --offset=200M --verify=crc32c --randrepeat=1)
