@@ -193,6 +193,9 @@ lab_rxe_up() {
         for q in /sys/class/net/veth0/queues/rx-*/rps_cpus /sys/class/net/veth1/queues/rx-*/rps_cpus; do
             echo "$mask" >"$q"
         done
+        # One CPU now takes every packet: give its backlog room for bursts (a 128 KiB
+        # RDMA READ response is 128 packets per QP) rather than drop and retransmit.
+        lab_t 10 sysctl -qw net.core.netdev_max_backlog=16384
         lab_log "veth receive on CPU mask $mask (RPS)"
     fi
 
