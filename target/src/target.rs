@@ -370,8 +370,9 @@ impl Target {
         Ok(())
     }
 
-    /// Removes a listener; the subsystem's controllers fail so their hosts reconnect through
-    /// a listener that still exists (or learn the path is gone).
+    /// Removes a listener; the subsystem's controllers that came through it (or through a
+    /// transport that does not say) fail, so their hosts reconnect through a listener that
+    /// still exists or learn the path is gone. Hosts on other listeners keep their queues.
     pub fn remove_listener(&mut self, nqn: &str, addr: &ListenAddress) -> Result<(), TargetError> {
         let sub = self
             .subsystems
@@ -383,7 +384,9 @@ impl Target {
             return Err(TargetError::NoListener(addr.to_string()));
         }
         for ctrl in sub.shared.controllers() {
-            ctrl.fail();
+            if ctrl.listener.as_ref().is_none_or(|l| l == addr) {
+                ctrl.fail();
+            }
         }
         self.stop_listen_if_unused(addr);
         self.publish(nqn);

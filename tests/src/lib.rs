@@ -98,6 +98,20 @@ impl LoopbackLab {
         q
     }
 
+    /// A queue that comes through the listener at `addr`.
+    pub fn open_queue_via(&mut self, addr: ListenAddress) -> LoopbackHostQueue {
+        let q = self.transport.connect_via(addr);
+        self.pg.poll();
+        q
+    }
+
+    fn open_queue_on(&mut self, listener: Option<&ListenAddress>) -> LoopbackHostQueue {
+        match listener {
+            Some(addr) => self.open_queue_via(addr.clone()),
+            None => self.open_queue(),
+        }
+    }
+
     /// Sends one capsule and polls the target until its response arrives.
     pub fn run(&mut self, q: &LoopbackHostQueue, capsule: Capsule) -> Response {
         q.submit(capsule);
@@ -220,7 +234,26 @@ pub fn expect_ok(r: &Response) -> &Completion {
 /// nvmf_connect_admin_queue, nvme_enable_ctrl, nvme_init_ctrl_finish, nvme_set_queue_count,
 /// nvmf_connect_io_queue per queue, nvme_enable_aen).
 pub fn linux_bring_up(lab: &mut LoopbackLab, subnqn: &str, io_queues: u16) -> HostController {
-    let admin = lab.open_queue();
+    bring_up(lab, subnqn, io_queues, None)
+}
+
+/// [`linux_bring_up`] with every queue coming through the listener at `addr`.
+pub fn linux_bring_up_via(
+    lab: &mut LoopbackLab,
+    subnqn: &str,
+    io_queues: u16,
+    addr: &ListenAddress,
+) -> HostController {
+    bring_up(lab, subnqn, io_queues, Some(addr))
+}
+
+fn bring_up(
+    lab: &mut LoopbackLab,
+    subnqn: &str,
+    io_queues: u16,
+    listener: Option<&ListenAddress>,
+) -> HostController {
+    let admin = lab.open_queue_on(listener);
     let r = lab.run(
         &admin,
         connect_capsule(
@@ -303,7 +336,7 @@ pub fn linux_bring_up(lab: &mut LoopbackLab, subnqn: &str, io_queues: u16) -> Ho
         assert!(granted.nsq >= u32::from(io_queues));
         let sqsize = cap.mqes().min(127);
         for qid in 1..=io_queues {
-            let q = lab.open_queue();
+            let q = lab.open_queue_on(listener);
             let r = lab.run(
                 &q,
                 connect_capsule(1, qid, sqsize, 0, cntlid, subnqn, HOSTNQN),

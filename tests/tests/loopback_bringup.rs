@@ -15,6 +15,7 @@ use nvmf_common::spec::log_page::{
 use nvmf_common::spec::nqn::DISCOVERY_NQN;
 use nvmf_common::spec::registers::{Cc, Csts, Property};
 use nvmf_common::spec::Status;
+use nvmf_target::core::subsystem::ListenAddress;
 use nvmf_target::target::NamespaceOptions;
 use nvmf_tests::*;
 use zerocopy::FromBytes;
@@ -564,4 +565,52 @@ fn shutdown_and_reset_follow_cc() {
     assert!(!Csts(expect_ok(&r).dw0.get()).rdy());
     let r = lab.run(&ctrl.io[0], reading(Command::read(94, 1, 0, 1), 512));
     assert_eq!(r.cqe.status(), Status::COMMAND_SEQUENCE_ERROR.with_dnr());
+}
+
+#[test]
+fn removing_a_listener_fails_only_the_controllers_that_came_through_it() {
+    let mut lab = lab_with_two_namespaces();
+    let other = ListenAddress {
+        trsvcid: "1".into(),
+        ..loopback_address()
+    };
+    lab.target.add_listener(NQN, other.clone()).unwrap();
+    lab.pg.poll();
+    let mut stays = linux_bring_up_via(&mut lab, NQN, 1, &loopback_address());
+    let goes = linux_bring_up_via(&mut lab, NQN, 1, &other);
+    // A transport that does not name the listener: its controllers go too, to be safe.
+    let unknown = linux_bring_up(&mut lab, NQN, 0);
+
+    lab.target.remove_listener(NQN, &other).unwrap();
+    for _ in 0..1000 {
+        if goes.admin.is_disconnected()
+            && goes.io[0].is_disconnected()
+            && unknown.admin.is_disconnected()
+        {
+            break;
+        }
+        lab.pg.poll();
+    }
+    assert!(
+        goes.admin.is_disconnected(),
+        "admin queue of the removed listener"
+    );
+    assert!(
+        goes.io[0].is_disconnected(),
+        "I/O queue of the removed listener"
+    );
+    assert!(unknown.admin.is_disconnected(), "listener unknown");
+    assert!(!stays.admin.is_disconnected());
+    assert!(!stays.io[0].is_disconnected());
+
+    // The host on the remaining listener is served on both queues.
+    let cid = stays.cid();
+    let r = stays.admin(
+        &mut lab,
+        reading(Command::identify(cid, Cns::CONTROLLER, 0, 0), 4096),
+    );
+    expect_ok(&r);
+    let cid = stays.cid();
+    let r = stays.io(&mut lab, 0, no_data(Command::flush(cid, 1)));
+    expect_ok(&r);
 }

@@ -133,6 +133,7 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
                         data.hostnqn().to_string(),
                         data.hostid,
                         group,
+                        q.listener.clone(),
                         max_io_qid,
                         cmd.kato.get(),
                         now,

@@ -14,7 +14,7 @@ use nvmf_common::spec::log_page::ErrorLogEntry;
 use nvmf_common::spec::registers::{Cc, Csts};
 
 use crate::core::request::ReqTag;
-use crate::core::subsystem::{SubsystemId, SubsystemKind};
+use crate::core::subsystem::{ListenAddress, SubsystemId, SubsystemKind};
 
 /// Asynchronous Event Request Limit (AERL, zero-based): four outstanding AERs, as Linux sends.
 pub const AER_LIMIT: usize = 4;
@@ -32,6 +32,8 @@ pub struct ControllerShared {
     pub hostid: [u8; 16],
     /// The poll group that owns the admin queue and the controller's local state.
     pub admin_group: usize,
+    /// The listen address the admin queue came through (None: the transport does not say).
+    pub listener: Option<ListenAddress>,
     /// Largest I/O queue id the host may connect (after Set Features Number of Queues).
     pub max_io_qid: AtomicU16,
     cc: AtomicU32,
@@ -54,6 +56,7 @@ impl ControllerShared {
         hostnqn: String,
         hostid: [u8; 16],
         admin_group: usize,
+        listener: Option<ListenAddress>,
         max_io_qid: u16,
         kato_ms: u32,
         now_ms: u64,
@@ -66,6 +69,7 @@ impl ControllerShared {
             hostnqn,
             hostid,
             admin_group,
+            listener,
             max_io_qid: AtomicU16::new(max_io_qid),
             cc: AtomicU32::new(0),
             csts: AtomicU32::new(0),

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::core::controller::ControllerShared;
-use crate::core::subsystem::SubsystemId;
+use crate::core::subsystem::{ListenAddress, SubsystemId};
 use crate::transport::TransportLimits;
 
 pub struct QueueState {
@@ -20,11 +20,18 @@ pub struct QueueState {
     pub limits: TransportLimits,
     /// Transport-specific description of the peer, for `nvmf_subsystem_get_qpairs`.
     pub peer: String,
+    /// The listen address the connection came through, when the transport knows it.
+    pub listener: Option<ListenAddress>,
     sq_head: u16,
 }
 
 impl QueueState {
-    pub fn new(limits: TransportLimits, expected_qid: Option<u16>, peer: String) -> Self {
+    pub fn new(
+        limits: TransportLimits,
+        expected_qid: Option<u16>,
+        peer: String,
+        listener: Option<ListenAddress>,
+    ) -> Self {
         Self {
             expected_qid,
             qid: expected_qid.unwrap_or(0),
@@ -33,6 +40,7 @@ impl QueueState {
             subsystem: None,
             limits,
             peer,
+            listener,
             sq_head: 0,
         }
     }

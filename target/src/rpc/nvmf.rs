@@ -652,8 +652,9 @@ pub fn nvmf_subsystem_get_controllers(
     ))
 }
 
-/// Per controller, its connected queues. The reactor serving an I/O queue and the queue's
-/// addresses are not tracked by the control plane, so only the admin queue names its thread.
+/// Per controller, its connected queues. The reactor serving an I/O queue is not tracked by
+/// the control plane, so only the admin queue names its thread and the listener it came
+/// through.
 pub fn nvmf_subsystem_get_qpairs(
     c: &mut Control,
     params: Option<Value>,
@@ -673,6 +674,9 @@ pub fn nvmf_subsystem_get_qpairs(
             });
             if qid == 0 {
                 q["thread"] = json!(group_name(ctrl.admin_group));
+                if let Some(l) = &ctrl.listener {
+                    q["listen_address"] = address_json(l);
+                }
             }
             out.push(q);
         }

@@ -1579,7 +1579,12 @@ fn stats_controllers_and_qpairs_through_live_poll_groups() {
     );
 
     // A host connects an admin queue and one I/O queue.
-    let admin = transport.connect();
+    let admin = transport.connect_via(ListenAddress {
+        trtype: "LOOPBACK".into(),
+        adrfam: "INTRA_HOST".into(),
+        traddr: "local".into(),
+        trsvcid: "7".into(),
+    });
     admin.submit(connect_capsule(0, CNTLID_DYNAMIC, NQN1));
     let cqe = wait_response(&admin);
     assert_eq!(cqe.status(), Status::SUCCESS);
@@ -1598,6 +1603,10 @@ fn stats_controllers_and_qpairs_through_live_poll_groups() {
     assert_eq!(qpairs.as_array().unwrap().len(), 1);
     assert_eq!(qpairs[0]["qid"], 0);
     assert_eq!(qpairs[0]["state"], "enabled");
+    assert_eq!(
+        qpairs[0]["listen_address"],
+        json!({"trtype": "LOOPBACK", "adrfam": "INTRA_HOST", "traddr": "local", "trsvcid": "7"})
+    );
 
     let stats = ok(&mut c, "nvmf_get_stats", Value::Null);
     let total: u64 = stats["poll_groups"]

@@ -18,6 +18,7 @@ use nvmf_common::spec::{Command, Completion, Status};
 
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
+use crate::core::subsystem::ListenAddress;
 use crate::core::CoreCtx;
 use crate::transport::{TransportLimits, TransportPollGroup};
 
@@ -78,7 +79,7 @@ impl Drop for LoopbackHostQueue {
 /// The transport: hands out host queues, and poll groups that serve them.
 #[derive(Clone)]
 pub struct LoopbackTransport {
-    inbox: Arc<SegQueue<Arc<Wire>>>,
+    inbox: Arc<SegQueue<(Arc<Wire>, Option<ListenAddress>)>>,
     limits: TransportLimits,
 }
 
@@ -90,10 +91,20 @@ impl LoopbackTransport {
         }
     }
 
-    /// Opens a new queue pair; the next poll of a poll group adopts it.
+    /// Opens a new queue pair through no particular listener; the next poll of a poll
+    /// group adopts it.
     pub fn connect(&self) -> LoopbackHostQueue {
+        self.open(None)
+    }
+
+    /// Opens a new queue pair as if it came through the listener at `addr`.
+    pub fn connect_via(&self, addr: ListenAddress) -> LoopbackHostQueue {
+        self.open(Some(addr))
+    }
+
+    fn open(&self, listener: Option<ListenAddress>) -> LoopbackHostQueue {
         let wire = Arc::new(Wire::default());
-        self.inbox.push(Arc::clone(&wire));
+        self.inbox.push((Arc::clone(&wire), listener));
         LoopbackHostQueue { wire }
     }
 
@@ -132,7 +143,7 @@ impl Qpair {
 
 struct LoopbackPollGroup {
     index: u8,
-    inbox: Arc<SegQueue<Arc<Wire>>>,
+    inbox: Arc<SegQueue<(Arc<Wire>, Option<ListenAddress>)>>,
     limits: TransportLimits,
     pool: BufferPool,
     qpairs: Vec<Option<Qpair>>,
@@ -147,10 +158,10 @@ fn slot_tag(group: u8, qp: usize, slot: usize) -> ReqTag {
 impl LoopbackPollGroup {
     fn adopt(&mut self) -> usize {
         let mut n = 0;
-        while let Some(wire) = self.inbox.pop() {
+        while let Some((wire, listener)) = self.inbox.pop() {
             let qp = Qpair {
                 wire,
-                state: QueueState::new(self.limits, None, "loopback".into()),
+                state: QueueState::new(self.limits, None, "loopback".into(), listener),
                 slots: Vec::new(),
                 closing: false,
             };

@@ -3,7 +3,8 @@
 #   - a namespace added live appears on the host without reconnecting (AEN, Changed NS List)
 #   - a namespace removed under running I/O completes that I/O and disappears
 #   - host allow-list changes apply to new connections
-#   - removing the listener disconnects the host's controller; deleting the subsystem too
+#   - removing a listener disconnects the host's controller that came through it, not the
+#     one through another port; deleting the subsystem disconnects it too
 #   - save_config replayed with -c at start gives the same configuration
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
@@ -60,10 +61,38 @@ lab_log "allow list honoured for new connections"
 nvmf_rpc save_config >"$LAB_STATE/saved.json"
 nvmf_rpc framework_get_config nvmf >"$LAB_STATE/before.json"
 
-# Removing the listener disconnects the host's controller.
+# Removing a listener disconnects the controllers that came through it, and only those: a
+# second controller of the host, through another port, stays live.
+port2=4421
+nvmf_rpc nvmf_subsystem_add_listener "$nqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s "$port2" >/dev/null
+lab_t 60 nvme connect -t rdma -n "$nqn" -a "$LAB_ADDR0" -s "$port2" >/dev/null ||
+    lab_fail "a second controller through port $port2"
+# state_on PORT: the state of the host's controller that goes to PORT.
+state_on() {
+    local c
+    for c in /sys/class/nvme/nvme*; do
+        grep -qs "trsvcid=$1\b" "$c/address" && cat "$c/state"
+    done
+    return 0
+}
+not_live_on() { [[ $(state_on "$1") != live ]]; }
+lab_wait_until 30 "controllers on ports $port and $port2 live" sh -c \
+    "[ \"\$(grep -lsx live /sys/class/nvme/nvme*/state | wc -l)\" -ge 2 ]" ||
+    lab_fail "not two live controllers"
+nvmf_rpc nvmf_subsystem_get_qpairs "$nqn" >"$LAB_STATE/qpairs.json"
+/usr/bin/python3 - "$LAB_STATE/qpairs.json" "$port" "$port2" <<'PY' || lab_fail "nvmf_subsystem_get_qpairs does not name each admin queue's listener"
+import json, sys
+q = json.load(open(sys.argv[1]))
+seen = sorted(x["listen_address"]["trsvcid"] for x in q if x["qid"] == 0)
+sys.exit(0 if seen == sorted(sys.argv[2:]) else 1)
+PY
 nvmf_rpc nvmf_subsystem_remove_listener "$nqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s "$port" >/dev/null
-lab_wait_until 30 "the host's controller to leave live" sh -c "! grep -qsx live /sys/class/nvme/nvme*/state" ||
+lab_wait_until 30 "the controller on port $port to leave live" not_live_on "$port" ||
     lab_fail "host controller still live after its listener went away"
+sleep 3
+[[ $(state_on "$port2") == live ]] ||
+    lab_fail "the controller on port $port2 left live when the listener on $port was removed"
+nvmf_rpc nvmf_subsystem_remove_listener "$nqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s "$port2" >/dev/null
 lab_t 60 nvme disconnect-all >/dev/null 2>&1 || true
 nvmf_rpc nvmf_subsystem_add_listener "$nqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s "$port" >/dev/null
 lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port" >/dev/null

@@ -37,6 +37,8 @@ pub struct NewConnection {
     /// Queue entries: the host's HSQSIZE + 1.
     pub depth: u16,
     pub peer: String,
+    /// The listener the request arrived on.
+    pub listener: Option<ListenAddress>,
     pub responder_resources: u8,
     pub initiator_depth: u8,
 }
@@ -325,6 +327,13 @@ fn on_connect_request(
     if u32::from(req.hrqsize.get()) < depth {
         return reject(&id, RdmaCmRejectStatus::INVALID_HRQSIZE);
     }
+    let listener = event.listen_id.and_then(|token| {
+        let listeners = shared.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        listeners
+            .iter()
+            .find(|(_, id)| id.token() == token)
+            .map(|(addr, _)| addr.clone())
+    });
     let groups = shared.groups.lock().unwrap_or_else(|e| e.into_inner());
     if groups.is_empty() {
         return reject(&id, RdmaCmRejectStatus::NO_RESOURCES);
@@ -346,6 +355,7 @@ fn on_connect_request(
         qid,
         depth: depth as u16,
         peer,
+        listener,
         responder_resources: event.conn.responder_resources,
         initiator_depth: event.conn.initiator_depth,
     };

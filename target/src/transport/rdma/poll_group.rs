@@ -176,7 +176,7 @@ impl RdmaPollGroup {
             qp,
             cm_id: conn.id,
             token,
-            state: QueueState::new(self.limits, Some(conn.qid), conn.peer),
+            state: QueueState::new(self.limits, Some(conn.qid), conn.peer, conn.listener),
             requests,
             responses,
             sq_capacity,
