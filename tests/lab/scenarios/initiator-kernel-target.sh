@@ -40,33 +40,33 @@ for name in kt-nullb kt-ram; do
     lab_t 60 "$HOST" identify -r "$r" ns -n 1 | tee "$LAB_OUT/$name-id-ns.txt" >&2 || lab_fail "identify ns failed"
     grep -q "^nsze *: *0x" "$LAB_OUT/$name-id-ns.txt" || lab_fail "identify ns: no nsze"
 
-    # Data integrity: 4 MiB of random data at LBA 1000, read back, compare. The block size
-    # is the namespace's (null_blk: 4 KiB, brd: 512 bytes).
+    # Data integrity: 4 MiB of random data written, read back and compared, and found on
+    # the backing device. The block size is the namespace's (null_blk: 4 KiB, brd: 512 B).
     lbads=$(sed -n 's/^lbaf .*lbads:\([0-9]*\).*(in use).*/\1/p' "$LAB_OUT/$name-id-ns.txt")
     [[ -n $lbads ]] || lab_fail "identify ns: no LBA format in use"
     bs=$((1 << lbads))
     count=$(((4 << 20) / bs))
-    head -c $((4 << 20)) /dev/urandom >"$LAB_STATE/pattern"
-    lab_t 60 "$HOST" write -r "$r" -n 1 -s 1000 -c "$count" -f "$LAB_STATE/pattern" >&2 || lab_fail "nvmf-host write failed"
-    lab_t 60 "$HOST" read -r "$r" -n 1 -s 1000 -c "$count" -f "$LAB_STATE/back" >&2 || lab_fail "nvmf-host read failed"
-    cmp "$LAB_STATE/pattern" "$LAB_STATE/back" || lab_fail "$name: data read back differs"
-    # The kernel block device agrees (what we wrote is really on the backing device).
+    # Once with the pool's key (auto on rxe), once with per-command keys (memory windows,
+    # Keyed SGL subtype Invalidate: the kernel target RDMA READs the 128 KiB writes through
+    # each command's window and invalidates its key with SEND_WITH_INVALIDATE).
     dev=$nullb
     [[ $name == kt-ram ]] && dev=$ram
-    lab_t 30 dd if="$dev" of="$LAB_STATE/direct" bs="$bs" skip=1000 count="$count" iflag=direct status=none
-    cmp "$LAB_STATE/pattern" "$LAB_STATE/direct" || lab_fail "$name: backing device differs from what was written"
+    for keys in auto:1000 on:3000; do
+        mw=${keys%:*} lba=${keys#*:}
+        head -c $((4 << 20)) /dev/urandom >"$LAB_STATE/pattern"
+        lab_t 60 "$HOST" write -r "$r" -n 1 -s "$lba" -c "$count" -f "$LAB_STATE/pattern" \
+            --memory-windows "$mw" >&2 || lab_fail "nvmf-host write (memory windows $mw) failed"
+        lab_t 60 "$HOST" read -r "$r" -n 1 -s "$lba" -c "$count" -f "$LAB_STATE/back" \
+            --memory-windows "$mw" >&2 || lab_fail "nvmf-host read (memory windows $mw) failed"
+        cmp "$LAB_STATE/pattern" "$LAB_STATE/back" ||
+            lab_fail "$name: data read back differs (memory windows $mw)"
+        lab_t 30 dd if="$dev" of="$LAB_STATE/direct" bs="$bs" skip="$lba" count="$count" \
+            iflag=direct status=none
+        cmp "$LAB_STATE/pattern" "$LAB_STATE/direct" ||
+            lab_fail "$name: backing device differs from what was written (memory windows $mw)"
+    done
 
     lab_t 30 "$HOST" smart-log -r "$r" >&2 || lab_fail "smart-log failed"
-
-    # The same with per-command keys (memory windows, Keyed SGL subtype Invalidate): the
-    # kernel target RDMA READs the 128 KiB writes through each command's window and
-    # invalidates its key with SEND_WITH_INVALIDATE.
-    head -c $((4 << 20)) /dev/urandom >"$LAB_STATE/pattern"
-    lab_t 60 "$HOST" write -r "$r" -n 1 -s 3000 -c "$count" -f "$LAB_STATE/pattern" --memory-windows on >&2 ||
-        lab_fail "nvmf-host write with memory windows failed"
-    lab_t 60 "$HOST" read -r "$r" -n 1 -s 3000 -c "$count" -f "$LAB_STATE/back" --memory-windows on >&2 ||
-        lab_fail "nvmf-host read with memory windows failed"
-    cmp "$LAB_STATE/pattern" "$LAB_STATE/back" || lab_fail "$name: data read back through memory windows differs"
 
     for job in "randread -q 32" "randrw -M 70 -q 32"; do
         tag=$(echo "$job" | awk '{print $1}')
