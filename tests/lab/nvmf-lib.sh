@@ -6,6 +6,10 @@ if [[ -z $NVMF_BIN_DIR ]]; then
     repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
     if [[ -x $repo/build/release/nvmf-tgt ]]; then NVMF_BIN_DIR=$repo/build/release; else NVMF_BIN_DIR=$repo/build/debug; fi
 fi
+for bin in nvmf-tgt nvmf-rpc; do
+    [[ -x $NVMF_BIN_DIR/$bin ]] ||
+        lab_fail "$bin is not built in $NVMF_BIN_DIR: run 'cargo build --workspace --release --bins' on the host (tests/lab/run does it unless NVMF_BIN_DIR or NVMF_LAB_NO_BUILD=1 is set)"
+done
 
 # nvmf_tgt_start [nvmf-tgt args...]: starts the target in the background with its RPC socket in
 # a private directory (Unix sockets cannot live on the 9p results folder), waits until the RPC

@@ -84,13 +84,19 @@ fn in_capsule_write_executes_without_a_data_fetch() {
         in_capsule(Command::write(cid, 1, 10, 8), data.clone()),
     ));
     assert_eq!(read(&mut lab, &mut ctrl, 0, 1, 10, 8, 512), data);
-    // Larger than the in-capsule size the controller advertised.
+    // Larger than the in-capsule size the controller advertised (SPDK's status; an offset
+    // past the capsule is Invalid SGL Offset).
     let cid = ctrl.cid();
     let r = ctrl.io(
         &mut lab,
         0,
         in_capsule(Command::write(cid, 1, 10, 16), pattern(8192, 1)),
     );
+    assert_eq!(r.cqe.status(), Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+    let cid = ctrl.cid();
+    let mut capsule = in_capsule(Command::write(cid, 1, 10, 1), pattern(512, 1));
+    capsule.cmd.dptr = nvmf_common::spec::sgl::SglDescriptor::in_capsule(4100, 512);
+    let r = ctrl.io(&mut lab, 0, capsule);
     assert_eq!(r.cqe.status(), Status::INVALID_SGL_OFFSET.with_dnr());
     // In-capsule data cannot carry a read.
     let cid = ctrl.cid();

@@ -223,10 +223,12 @@ pub const VWC_PRESENT: u8 = 1 << 0;
 pub const VWC_FLUSH_BROADCAST: u8 = 0b11 << 1;
 
 /// SGLS bits: bits 1:0 = 01b SGLs supported without alignment constraint, bit 2 keyed SGL data
-/// blocks, bit 20 offset-based addresses (in-capsule data), bit 16 bit buckets.
+/// blocks, bit 16 bit buckets, bit 18 a data SGL may describe more than the command transfers
+/// ("oversized SGL"), bit 20 offset-based addresses (in-capsule data).
 pub const SGLS_SUPPORTED: u32 = 0b01;
 pub const SGLS_KEYED: u32 = 1 << 2;
 pub const SGLS_BIT_BUCKET: u32 = 1 << 16;
+pub const SGLS_OVERSIZED: u32 = 1 << 18;
 pub const SGLS_OFFSET: u32 = 1 << 20;
 
 /// SQES / CQES for 64-byte SQEs and 16-byte CQEs (required = maximum).

@@ -74,6 +74,14 @@ pub fn prepare(
         }
         IoOpcode::DATASET_MANAGEMENT => {
             let dsm = Dsm::parse(&req.cmd);
+            // What hosts really send here (Linux: a 4 KiB SGL whatever NR says) is easy to
+            // get wrong; the lab reads this line to show it.
+            tracing::trace!(
+                nr = dsm.nr,
+                deallocate = dsm.attr_deallocate,
+                sgl = ?req.cmd.dptr.classify(),
+                "dataset management capsule"
+            );
             if dsm.attr_deallocate && read_only {
                 return Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr());
             }

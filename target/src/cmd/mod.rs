@@ -19,8 +19,12 @@ const PSDT_MASK: u8 = 0xC0;
 const PSDT_PRP: u8 = 0x00;
 
 /// Checks the command's data SGL against the transfer the command implies and returns the
-/// data phase. The length must match exactly (a longer SGL would leave host memory
-/// unwritten or unread without telling anyone).
+/// data phase, which moves exactly `expected` bytes.
+///
+/// The SGL may describe more than that (Identify SGLS bit 18, "oversized SGL", as SPDK's
+/// target accepts): the Linux host sends every block-layer discard with a 4 KiB SGL, room for
+/// the 256 ranges a Dataset Management command can carry, whatever its NR says (host
+/// `nvme_setup_discard`, since Linux 5.5). Only a shorter SGL is Data SGL Length Invalid.
 pub(crate) fn data_phase(
     q: &QueueState,
     cmd: &Command,
@@ -33,18 +37,28 @@ pub(crate) fn data_phase(
     let sgl_len = match cmd.dptr.classify() {
         SglKind::Keyed { len, .. } => len,
         SglKind::InCapsule { offset, len } => {
-            if dir != DataDirection::HostToController {
+            if dir == DataDirection::ControllerToHost {
                 return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr());
             }
-            if offset != 0 || u64::from(len) > u64::from(q.limits.in_capsule_data_size) {
+            let capsule = u64::from(q.limits.in_capsule_data_size);
+            if offset > capsule {
                 return Err(Status::INVALID_SGL_OFFSET.with_dnr());
+            }
+            if offset + u64::from(len) > capsule {
+                return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
             }
             len
         }
         SglKind::LastSegment { .. } => return Err(Status::INVALID_SGL_DESCRIPTOR_COUNT.with_dnr()),
         SglKind::Other { .. } => return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr()),
     };
-    if sgl_len != expected {
+    if sgl_len < expected {
+        tracing::debug!(
+            opcode = cmd.opcode,
+            sgl_len,
+            expected,
+            "data SGL shorter than the transfer"
+        );
         return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
     }
     if expected == 0 || dir == DataDirection::None {

@@ -373,7 +373,7 @@ impl RdmaPollGroup {
                     if offset
                         .checked_add(len)
                         .is_none_or(|end| end > r.received_data)
-                        || len != r.req.len
+                        || len < r.req.len
                     {
                         dev.repost(recv);
                         r.req.complete(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
