@@ -72,7 +72,10 @@ pub fn prepare(
         }
         AdminOpcode::GET_FEATURES => {
             let gf = GetFeatures::parse(&req.cmd);
-            if gf.fid == FeatureId::HOST_IDENTIFIER {
+            // Supported Capabilities (SEL 11b) answers in dword 0 only, Host Identifier too.
+            if gf.fid == FeatureId::HOST_IDENTIFIER
+                && gf.sel != FeatureSelect::SUPPORTED_CAPABILITIES
+            {
                 to_host(q, req, HOST_ID_LEN)
             } else {
                 no_data(q, req)
@@ -203,6 +206,7 @@ fn identify_controller(
     id.sgls.set(
         SGLS_SUPPORTED
             | SGLS_KEYED
+            | SGLS_OVERSIZED
             | if limits.in_capsule_data_size > 0 {
                 SGLS_OFFSET
             } else {
@@ -255,7 +259,7 @@ fn get_log_page(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
                 .as_ref()
                 .map(|c| c.hostnqn.clone())
                 .unwrap_or_default();
-            discovery::log_page(core, &hostnqn)
+            discovery::log_page(core, &hostnqn, q.listener.as_ref())
         }
         LogPageId::ERROR_INFORMATION => {
             let Some(local) = core.controllers.get(&key) else {

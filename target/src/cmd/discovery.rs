@@ -9,6 +9,7 @@ use nvmf_common::spec::log_page::{
     RDMA_CMS_RDMA_CM, RDMA_PRTYPE_NOT_SPECIFIED, RDMA_QPTYPE_CONNECTED,
     TREQ_SECURE_CHANNEL_NOT_REQUIRED,
 };
+use nvmf_common::spec::nqn::DISCOVERY_NQN;
 use std::sync::atomic::Ordering;
 use zerocopy::{FromZeros, IntoBytes};
 
@@ -39,8 +40,14 @@ pub fn adrfam_code(adrfam: &str) -> AddressFamily {
     }
 }
 
-/// The whole log page for `hostnqn`: header then entries, subsystems in NQN order.
-pub fn log_page(core: &CoreCtx, hostnqn: &str) -> Vec<u8> {
+/// The whole log page for `hostnqn`, asked through the listener `via`: header, then one entry
+/// per listener of each subsystem the host may use, subsystems in NQN order, then the current
+/// discovery subsystem's own entry.
+///
+/// As nvmet does, a discovery controller that came through a known listener sees only the
+/// subsystems exported on that listener (other ports, other tenants); where the transport does
+/// not say (`None`), every listener is listed, as SPDK's default discovery filter does.
+pub fn log_page(core: &CoreCtx, hostnqn: &str, via: Option<&ListenAddress>) -> Vec<u8> {
     let mut subsystems: Vec<_> = core
         .subsystem_configs()
         .filter(|s| s.kind == SubsystemKind::Nvm && s.host_allowed(hostnqn))
@@ -50,32 +57,29 @@ pub fn log_page(core: &CoreCtx, hostnqn: &str) -> Vec<u8> {
     let ports: BTreeSet<&ListenAddress> = core
         .subsystem_configs()
         .flat_map(|s| s.listeners.iter())
+        .chain(via)
         .collect();
     let port_id = |addr: &ListenAddress| ports.iter().position(|p| *p == addr).unwrap_or(0) as u16;
 
     let mut entries = Vec::new();
     for sub in subsystems {
-        for addr in &sub.listeners {
-            let mut e = DiscoveryLogEntry::new_zeroed();
-            let trtype = trtype_code(&addr.trtype);
-            e.trtype = trtype.0;
-            e.adrfam = adrfam_code(&addr.adrfam).0;
-            e.subtype = SubsystemType::NVME.0;
-            e.treq = TREQ_SECURE_CHANNEL_NOT_REQUIRED;
-            e.portid.set(port_id(addr));
-            e.cntlid.set(CNTLID_DYNAMIC);
-            e.asqsz.set(ASQSZ);
-            set_nqn(&mut e.trsvcid, &addr.trsvcid);
-            set_nqn(&mut e.subnqn, &sub.nqn);
-            set_nqn(&mut e.traddr, &addr.traddr);
-            if trtype == TransportType::RDMA {
-                let tsas = e.rdma_tsas_mut();
-                tsas.rdma_qptype = RDMA_QPTYPE_CONNECTED;
-                tsas.rdma_prtype = RDMA_PRTYPE_NOT_SPECIFIED;
-                tsas.rdma_cms = RDMA_CMS_RDMA_CM;
-            }
-            entries.push(e);
+        for addr in sub
+            .listeners
+            .iter()
+            .filter(|addr| via.is_none_or(|v| v == *addr))
+        {
+            entries.push(entry(addr, port_id(addr), SubsystemType::NVME, &sub.nqn));
         }
+    }
+    // NVMe-oF 1.1: the discovery subsystem answering, at the address it was reached through
+    // (hosts use it to learn the port's own parameters; nvme-cli does not connect to it).
+    if let Some(addr) = via {
+        entries.push(entry(
+            addr,
+            port_id(addr),
+            SubsystemType::CURRENT_DISCOVERY,
+            DISCOVERY_NQN,
+        ));
     }
     let mut header = DiscoveryLogHeader::new_zeroed();
     header
@@ -88,4 +92,31 @@ pub fn log_page(core: &CoreCtx, hostnqn: &str) -> Vec<u8> {
         page.extend_from_slice(e.as_bytes());
     }
     page
+}
+
+fn entry(
+    addr: &ListenAddress,
+    portid: u16,
+    subtype: SubsystemType,
+    subnqn: &str,
+) -> DiscoveryLogEntry {
+    let mut e = DiscoveryLogEntry::new_zeroed();
+    let trtype = trtype_code(&addr.trtype);
+    e.trtype = trtype.0;
+    e.adrfam = adrfam_code(&addr.adrfam).0;
+    e.subtype = subtype.0;
+    e.treq = TREQ_SECURE_CHANNEL_NOT_REQUIRED;
+    e.portid.set(portid);
+    e.cntlid.set(CNTLID_DYNAMIC);
+    e.asqsz.set(ASQSZ);
+    set_nqn(&mut e.trsvcid, &addr.trsvcid);
+    set_nqn(&mut e.subnqn, subnqn);
+    set_nqn(&mut e.traddr, &addr.traddr);
+    if trtype == TransportType::RDMA {
+        let tsas = e.rdma_tsas_mut();
+        tsas.rdma_qptype = RDMA_QPTYPE_CONNECTED;
+        tsas.rdma_prtype = RDMA_PRTYPE_NOT_SPECIFIED;
+        tsas.rdma_cms = RDMA_CMS_RDMA_CM;
+    }
+    e
 }

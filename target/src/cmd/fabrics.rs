@@ -104,6 +104,13 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
         return invalid_param(req, true, off::DATA_SUBNQN);
     };
     let config = Arc::clone(&sub.config);
+    // Through another subsystem's port the subsystem does not exist, as nvmet answers (SPDK
+    // answers Connect Invalid Host); a host learns nothing of subsystems on other ports.
+    if !config.listener_allowed(q.listener.as_ref()) {
+        tracing::warn!(subnqn = %config.nqn, hostnqn = data.hostnqn(),
+            listener = ?q.listener, "connect through a listener the subsystem does not have");
+        return invalid_param(req, true, off::DATA_SUBNQN);
+    }
     if !config.host_allowed(data.hostnqn()) {
         tracing::warn!(subnqn = %config.nqn, hostnqn = data.hostnqn(), "connect from a host not allowed");
         return req.fail(Status::CONNECT_INVALID_HOST.with_dnr());

@@ -19,7 +19,7 @@ use crate::bdev::{BdevChannel, BdevIo};
 use crate::cmd;
 use crate::core::controller::ControllerLocal;
 use crate::core::queue::QueueState;
-use crate::core::request::{Exec, Prepared, ReqTag, Request, Wakeup};
+use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
 use crate::core::subsystem::{Namespace, SubsystemConfig, SubsystemId, SubsystemKind};
 
 pub mod controller;
@@ -250,6 +250,15 @@ impl CoreCtx {
 
     /// Step 2: run the command. Host data, if any, is in `req.data`.
     pub fn execute(&mut self, q: &mut QueueState, req: &mut Request) -> Exec {
+        // Pool buffers pass from host to host. Admin, fabrics and discovery handlers write
+        // only what they know, so a controller-to-host buffer starts as zeroes: no byte a
+        // handler did not write leaves the target. (I/O reads are filled whole by the bdev,
+        // and a failed command transfers no data.)
+        if req.dir == DataDirection::ControllerToHost
+            && (req.cmd.opcode == FABRICS_OPCODE || q.is_admin())
+        {
+            req.data_mut().fill(0);
+        }
         let exec = if req.cmd.opcode == FABRICS_OPCODE {
             cmd::fabrics::execute(self, q, req)
         } else if q.is_admin() {

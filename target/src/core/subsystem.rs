@@ -234,6 +234,15 @@ impl SubsystemConfig {
         self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
     }
 
+    /// Whether a host that came through the listener `via` may connect: an NVM subsystem only
+    /// through its own listeners (as nvmet exports a subsystem on the ports it is linked to,
+    /// and SPDK checks the subsystem's listeners), the discovery subsystem through any. A
+    /// transport that does not say which listener a queue came through is not refused.
+    pub fn listener_allowed(&self, via: Option<&ListenAddress>) -> bool {
+        self.kind == SubsystemKind::Discovery
+            || via.is_none_or(|addr| self.listeners.contains(addr))
+    }
+
     pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
         self.namespaces.get(&nsid)
     }

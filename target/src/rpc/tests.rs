@@ -1560,7 +1560,8 @@ fn stats_controllers_and_qpairs_through_live_poll_groups() {
     ok(
         &mut c,
         "nvmf_subsystem_add_listener",
-        json!({"nqn": NQN1, "listen_address": {"trtype": "LOOPBACK", "traddr": "local"}}),
+        json!({"nqn": NQN1, "listen_address":
+            {"trtype": "LOOPBACK", "adrfam": "INTRA_HOST", "traddr": "local", "trsvcid": "7"}}),
     );
 
     let stats = ok(&mut c, "nvmf_get_stats", Value::Null);
