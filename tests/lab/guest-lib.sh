@@ -478,6 +478,15 @@ lab_nvme_dev() {
     return $found
 }
 
+# lab_nvme_devs_by_nsid NQN: the namespace block devices of NQN, one a line, in NSID order
+# (Linux 6.12 scans namespaces in parallel, so nvme0n1 is not always NSID 1).
+lab_nvme_devs_by_nsid() {
+    local d
+    for d in $(lab_nvme_dev "$1"); do
+        echo "$(cat "/sys/block/$(basename "$d")/nsid") $d"
+    done | sort -n | cut -d' ' -f2
+}
+
 # lab_wait_nvme_dev NQN [SECS]: wait for the namespace block device of NQN to
 # appear after `nvme connect`; prints it.
 lab_wait_nvme_dev() {

@@ -29,6 +29,9 @@ const IOCQES: u8 = 4;
 /// CC.SHN values and CSTS.SHST "shutdown processing complete".
 const SHST_COMPLETE: u8 = 2;
 
+/// KATO of a discovery controller whose host asked for none (nvmet's NVMET_DISC_KATO_MS).
+pub const DISCOVERY_DEFAULT_KATO_MS: u32 = 120_000;
+
 const CONNECT_DATA_LEN: u32 = core::mem::size_of::<ConnectData>() as u32;
 
 pub fn prepare(
@@ -126,6 +129,12 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
             SubsystemKind::Nvm => q.limits.max_qpairs_per_ctrl.saturating_sub(1),
             SubsystemKind::Discovery => 0,
         };
+        // A discovery controller asked for no keep-alive (Linux's one-shot `nvme discover`)
+        // still goes away if its host does: nvmet gives it 120 s.
+        let kato = match (config.kind, cmd.kato.get()) {
+            (SubsystemKind::Discovery, 0) => DISCOVERY_DEFAULT_KATO_MS,
+            (_, kato) => kato,
+        };
         let now = core.now_ms();
         let group = core.group;
         let Some(ctrl) =
@@ -142,7 +151,7 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
                         group,
                         q.listener.clone(),
                         max_io_qid,
-                        cmd.kato.get(),
+                        kato,
                         now,
                     ))
                 })
@@ -154,7 +163,7 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
             ControllerLocal::new(Arc::clone(&ctrl)),
         );
         tracing::info!(cntlid = ctrl.cntlid, subnqn = %config.nqn, hostnqn = data.hostnqn(),
-            kato_ms = cmd.kato.get(), peer = %q.peer, "controller created");
+            kato_ms = kato, peer = %q.peer, "controller created");
         q.qid = 0;
         q.depth = sqsize + 1;
         q.subsystem = Some(config.id);

@@ -223,7 +223,12 @@ impl CoreCtx {
         req.rsp.cid = req.cmd.cid;
         req.rsp.sq_id.set(q.qid);
         req.rsp.sq_head.set(q.advance_sq_head());
-        let decided = if req.cmd.opcode == FABRICS_OPCODE {
+        let decided = if req.cmd.fuse() != 0 {
+            // Fused operations (Compare and Write) are not supported, and Identify FUSES says
+            // so: executing either half alone would break the atomicity the host asked for,
+            // so both are refused, as nvmet does.
+            Err(Status::INVALID_FIELD.with_dnr())
+        } else if req.cmd.opcode == FABRICS_OPCODE {
             cmd::fabrics::prepare(self, q, req)
         } else if !q.is_connected() {
             Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr())

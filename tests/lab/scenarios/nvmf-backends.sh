@@ -34,7 +34,7 @@ grep -q "Engine\|engine" "$LAB_OUT/nvmf-tgt.log" && grep -i "engine" "$LAB_OUT/n
 
 lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port" >/dev/null
 lab_wait_until 30 "three namespaces" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -ge 3 ]"
-mapfile -t devs < <(lab_nvme_dev "$nqn" | sort)
+mapfile -t devs < <(lab_nvme_devs_by_nsid "$nqn")
 ns1=${devs[0]} ns2=${devs[1]} ns3=${devs[2]}
 
 # Durability: write, flush, kill -9, then look at the file itself.
@@ -51,7 +51,7 @@ lab_log "flushed data found byte for byte in $file after kill -9"
 nvmf_tgt_start -m 0x1 -c "$LAB_STATE/saved.json"
 lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port" >/dev/null
 lab_wait_until 30 "three namespaces" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -ge 3 ]"
-mapfile -t devs < <(lab_nvme_dev "$nqn" | sort)
+mapfile -t devs < <(lab_nvme_devs_by_nsid "$nqn")
 ns1=${devs[0]} ns2=${devs[1]} ns3=${devs[2]}
 lab_t 60 dd if="$ns1" of="$LAB_STATE/back" bs=128k skip=8 count=32 iflag=direct status=none
 cmp "$LAB_STATE/pattern" "$LAB_STATE/back" || lab_fail "data differs after restart"

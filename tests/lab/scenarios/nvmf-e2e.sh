@@ -26,7 +26,7 @@ grep -q "trtype: *rdma" "$LAB_OUT/discover.txt" || lab_fail "discovery entry is 
 # 2. Connect with two I/O queues; the admin commands nvme-cli issues.
 lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port" -i 2 >/dev/null
 lab_wait_until 30 "both namespaces" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -ge 2 ]" || true
-mapfile -t devs < <(lab_nvme_dev "$nqn" | sort)
+mapfile -t devs < <(lab_nvme_devs_by_nsid "$nqn")
 ((${#devs[@]} == 2)) || lab_fail "expected 2 namespaces, got: ${devs[*]}"
 ns512=${devs[0]}
 ns4k=${devs[1]}

@@ -1,0 +1,68 @@
+//! Fused operations are refused whole (Identify FUSES is zero), so a failing Compare can never
+//! let its Write land; a discovery controller that asked for no keep-alive still expires.
+
+use nvmf_common::spec::command::Command;
+use nvmf_common::spec::features::{FeatureId, FeatureSelect};
+use nvmf_common::spec::nqn::DISCOVERY_NQN;
+use nvmf_common::spec::Status;
+use nvmf_target::cmd::fabrics::DISCOVERY_DEFAULT_KATO_MS;
+use nvmf_tests::*;
+
+const NQN: &str = "nqn.2016-06.io.spdk:cnode1";
+const FUSE_FIRST: u8 = 0b01;
+const FUSE_SECOND: u8 = 0b10;
+
+fn read_block(lab: &mut LoopbackLab, ctrl: &mut HostController) -> Vec<u8> {
+    let cid = ctrl.cid();
+    let r = ctrl.io(lab, 0, reading(Command::read(cid, 1, 5, 1), 512));
+    expect_ok(&r);
+    r.host_buffer
+}
+
+#[test]
+fn fused_compare_and_write_is_refused_and_writes_nothing() {
+    let mut lab = LoopbackLab::default();
+    lab.malloc("Malloc0", 64, 512);
+    lab.subsystem(NQN, &["Malloc0"]);
+    let mut ctrl = linux_bring_up(&mut lab, NQN, 1);
+    assert_eq!(ctrl.identify.fuses.get(), 0, "FUSES: no fused operation");
+    let cid = ctrl.cid();
+    expect_ok(&ctrl.io(
+        &mut lab,
+        0,
+        with_buffer(Command::write(cid, 1, 5, 1), vec![0x11; 512]),
+    ));
+    // A Compare that fails (the block holds 0x11) fused with a Write of 0x22.
+    let mut compare = Command::compare(ctrl.cid(), 1, 5, 1);
+    compare.flags |= FUSE_FIRST;
+    let mut write = Command::write(ctrl.cid(), 1, 5, 1);
+    write.flags |= FUSE_SECOND;
+    let first = ctrl.io(&mut lab, 0, with_buffer(compare, vec![0x33; 512]));
+    let second = ctrl.io(&mut lab, 0, with_buffer(write, vec![0x22; 512]));
+    assert_eq!(first.cqe.status(), Status::INVALID_FIELD.with_dnr());
+    assert_eq!(second.cqe.status(), Status::INVALID_FIELD.with_dnr());
+    assert!(read_block(&mut lab, &mut ctrl).iter().all(|&b| b == 0x11));
+    // Fused bits on an admin command too.
+    let mut identify =
+        Command::get_features(ctrl.cid(), FeatureId::ARBITRATION, FeatureSelect::CURRENT);
+    identify.flags |= FUSE_FIRST;
+    let r = ctrl.admin(&mut lab, no_data(identify));
+    assert_eq!(r.cqe.status(), Status::INVALID_FIELD.with_dnr());
+    // The queues still serve.
+    assert!(read_block(&mut lab, &mut ctrl).iter().all(|&b| b == 0x11));
+}
+
+#[test]
+fn discovery_controller_without_keep_alive_gets_nvmets_120_seconds() {
+    let mut lab = LoopbackLab::default();
+    let admin = lab.open_queue();
+    let r = lab.run(
+        &admin,
+        connect_capsule(1, 0, 31, 0, 0xFFFF, DISCOVERY_NQN, HOSTNQN),
+    );
+    let cntlid = expect_ok(&r).dw0.get() as u16;
+    let discovery = lab.target.subsystem(DISCOVERY_NQN).unwrap().shared.clone();
+    let ctrl = discovery.controller(cntlid).expect("controller exists");
+    assert_eq!(ctrl.kato_ms(), DISCOVERY_DEFAULT_KATO_MS);
+    assert_eq!(DISCOVERY_DEFAULT_KATO_MS, 120_000);
+}
