@@ -26,8 +26,10 @@ PY
 # cargo test --release -p nvmf-initiator --test rdma_host --no-run
 run_host_test() {
     local bin log=$LAB_OUT/rdma_host-$3.log
-    bin=$(find "$LAB_REPO/build/release/deps" "$LAB_REPO/build/debug/deps" -maxdepth 1 -type f \
-        -name 'rdma_host-*' -perm -u+x -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n1 | cut -d' ' -f2-)
+    # Whichever profile has it, newest first (find fails on a profile never built: not fatal).
+    bin=$({ find "$LAB_REPO/build/release/deps" "$LAB_REPO/build/debug/deps" -maxdepth 1 -type f \
+        -name 'rdma_host-*' -perm -u+x -printf '%T@ %p\n' 2>/dev/null || true; } |
+        sort -n | tail -n1 | cut -d' ' -f2-)
     [[ -n $bin ]] || lab_fail "no rdma_host test binary: cargo test --release -p nvmf-initiator --test rdma_host --no-run"
     NVMF_RDMA_TEST_ADDR=$LAB_ADDR0 NVMF_RDMA_TEST_PORT=$2 NVMF_RDMA_TEST_SUBNQN=$1 \
         NVMF_RDMA_TEST_MEMORY_WINDOWS=$4 NVMF_RDMA_TEST_INVALIDATION=${5:-} \

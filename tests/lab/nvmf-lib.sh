@@ -55,7 +55,9 @@ nvmf_tgt_stop() {
 nvmf_malloc_subsystem() {
     local nqn=$1 addr=$2 port=$3 spec name mb bs
     shift 3
-    nvmf_rpc nvmf_get_transports | grep -q '"trtype": "RDMA"' || nvmf_rpc nvmf_create_transport -t RDMA >/dev/null
+    # Whole output first: `grep -q` closing the pipe early would fail nvmf-rpc's write.
+    [[ $(nvmf_rpc nvmf_get_transports) == *'"trtype": "RDMA"'* ]] ||
+        nvmf_rpc nvmf_create_transport -t RDMA >/dev/null
     nvmf_rpc nvmf_create_subsystem "$nqn" -a -s SPDK00000000000001 -d "nvmf-rs lab" >/dev/null
     for spec in "$@"; do
         IFS=: read -r name mb bs <<<"$spec"

@@ -278,13 +278,15 @@ impl AioChannel {
     }
 
     /// Queues the next zeroing chunk of slot `s`, starting at byte `at`.
-    fn prep_zero_chunk(&mut self, s: u32, at: u64, end: u64) {
+    /// Queues the zero write of slot `s` at byte `at`; `fua` makes it durable (RWF_DSYNC), so
+    /// a Write Zeroes or deallocate with FUA is on stable media when it completes.
+    fn prep_zero_chunk(&mut self, s: u32, at: u64, end: u64, fua: bool) {
         let len = self
             .shared
             .zero
             .chunk(self.shared.file.block_size)
             .min(end - at);
-        let dsync = self.shared.dsync_writes;
+        let dsync = fua || self.shared.dsync_writes;
         let zero = self.shared.zero.as_ptr() as u64;
         self.prep_rw(s, IOCB_CMD_PWRITE, zero, len, at, dsync);
     }
@@ -311,7 +313,8 @@ impl AioChannel {
             (Op::Zeroing { end }, Ok(())) => {
                 let at = self.iocbs[s as usize].aio_offset as u64 + slot.expect;
                 if at < end {
-                    self.prep_zero_chunk(s, at, end);
+                    let fua = slot.io.as_ref().is_some_and(|io| io.fua);
+                    self.prep_zero_chunk(s, at, end, fua);
                 } else {
                     self.finish(s, Ok(()));
                 }
@@ -420,7 +423,7 @@ impl BdevChannel for AioChannel {
                     return Ok(());
                 }
                 self.slots[s as usize].op = Op::Zeroing { end: offset + len };
-                self.prep_zero_chunk(s, offset, offset + len);
+                self.prep_zero_chunk(s, offset, offset + len, io.fua);
             }
         }
         self.slots[s as usize].io = Some(io);

@@ -184,9 +184,24 @@ impl UringChannel {
         } else {
             Ok(())
         };
+        let durable = self.slots[s as usize].io.as_ref().is_some_and(|io| io.fua);
         match (op, result) {
             (Op::Zeroing { at, end }, Ok(())) if at < end => {
                 if !self.push_zero_chunk(s, at, end) {
+                    self.finish(s, Err(libc::EIO));
+                }
+            }
+            // Zeroes or a hole with FUA: on stable media before the command completes, so
+            // the fallocate (or the zero writes) is followed by an fdatasync of the file.
+            (Op::Fallocate { .. } | Op::Zeroing { .. }, Ok(())) if durable => {
+                let sqe = opcode::Fsync::new(self.fd())
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build()
+                    .user_data(u64::from(s));
+                let slot = &mut self.slots[s as usize];
+                slot.op = Op::Single;
+                slot.expect = 0;
+                if !self.push(&sqe) {
                     self.finish(s, Err(libc::EIO));
                 }
             }
@@ -561,6 +576,30 @@ mod tests {
         assert_eq!(testutil::run(ch.as_mut(), w).result, Ok(()));
         let on_disk = std::fs::read(f.path()).unwrap();
         assert!(on_disk[3 * 4096..4 * 4096].iter().all(|&x| x == 0x42));
+    }
+
+    #[test]
+    fn zeroes_and_holes_with_fua_are_synced_and_complete_once() {
+        let f = TempFile::new("uring-fua", 64 * 4096);
+        std::fs::write(f.path(), vec![0x5Au8; 64 * 4096]).unwrap();
+        let b = bdev(&f, 4096);
+        let mut ch = UringChannel::new(Arc::clone(&b.shared)).unwrap();
+        for fallback in [false, true] {
+            // Both paths: fallocate, and zero writes where the file system refuses it.
+            ch.zero_range_refused = fallback;
+            ch.punch_hole_refused = fallback;
+            for (tag, kind, at) in [(1, IoKind::WriteZeroes, 2), (2, IoKind::Unmap, 10)] {
+                let at = at + if fallback { 20 } else { 0 };
+                let mut z = io(tag, kind, at, 3, None);
+                z.fua = true;
+                let c = testutil::run(&mut ch, z);
+                assert_eq!((c.tag, c.result), (tag, Ok(())));
+                let on_disk = std::fs::read(f.path()).unwrap();
+                let range = at as usize * 4096..(at as usize + 3) * 4096;
+                assert!(on_disk[range].iter().all(|&x| x == 0), "{kind:?} at {at}");
+            }
+        }
+        assert_eq!(ch.in_flight(), 0, "the fdatasync step left nothing behind");
     }
 
     #[test]

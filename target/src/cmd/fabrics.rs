@@ -12,6 +12,7 @@ use nvmf_common::spec::registers::{Cap, Cc, Csts, Property, Version};
 use nvmf_common::spec::Status;
 use zerocopy::FromBytes;
 
+use crate::bdev::{BdevCompletion, BdevIo, IoKind};
 use crate::cmd::data_phase;
 use crate::core::controller::{ControllerLocal, ControllerShared};
 use crate::core::queue::QueueState;
@@ -26,7 +27,8 @@ const CAP_TIMEOUT_UNITS: u8 = 15;
 /// CC.IOSQES / IOCQES the NVM command set requires: 64-byte SQEs, 16-byte CQEs (log2).
 const IOSQES: u8 = 6;
 const IOCQES: u8 = 4;
-/// CC.SHN values and CSTS.SHST "shutdown processing complete".
+/// CSTS.SHST: "shutdown processing occurring" and "shutdown processing complete".
+const SHST_PROCESSING: u8 = 1;
 const SHST_COMPLETE: u8 = 2;
 
 /// KATO of a discovery controller whose host asked for none (nvmet's NVMET_DISC_KATO_MS).
@@ -75,7 +77,7 @@ pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exe
     match FabricsCommand::from_command(&req.cmd).fctype() {
         FabricsCommandType::CONNECT => connect(core, q, req),
         FabricsCommandType::PROPERTY_GET => property_get(q, req),
-        FabricsCommandType::PROPERTY_SET => property_set(q, req),
+        FabricsCommandType::PROPERTY_SET => property_set(core, q, req),
         _ => req.fail(Status::INVALID_OPCODE.with_dnr()),
     }
 }
@@ -240,7 +242,7 @@ fn property_get(q: &QueueState, req: &mut Request) -> Exec {
     Exec::Complete
 }
 
-fn property_set(q: &QueueState, req: &mut Request) -> Exec {
+fn property_set(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
     let cmd = *PropertySetCommand::from_command(&req.cmd);
     let ctrl = q
         .ctrl
@@ -251,15 +253,75 @@ fn property_set(q: &QueueState, req: &mut Request) -> Exec {
         // CAP, VS and CSTS are read-only; NSSR and the PCIe queue registers do not exist here.
         return req.fail(Status::INVALID_FIELD.with_dnr());
     }
-    write_cc(ctrl, Cc(cmd.value.get() as u32));
+    if write_cc(ctrl, Cc(cmd.value.get() as u32)) {
+        return flush_for_shutdown(core, q, req);
+    }
+    req.complete(Status::SUCCESS);
+    Exec::Complete
+}
+
+/// A shutdown notification (CC.SHN): the host will cut power or go away once CSTS.SHST says
+/// complete, so every namespace of the subsystem is flushed first; the Property Set completes,
+/// and SHST turns complete, when the last flush has.
+fn flush_for_shutdown(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
+    let sid = q.subsystem.expect("connected queues have a subsystem");
+    let nsids: Vec<u32> = core
+        .subsystem(sid)
+        .map(|config| {
+            config
+                .namespaces
+                .iter()
+                .filter(|(_, ns)| ns.bdev.supports(IoKind::Flush))
+                .map(|(&nsid, _)| nsid)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut outstanding = 0;
+    for nsid in nsids {
+        let flush = BdevIo {
+            tag: req.tag.0,
+            kind: IoKind::Flush,
+            offset_blocks: 0,
+            num_blocks: 0,
+            buf: None,
+            fua: false,
+        };
+        if core.submit_io(sid, nsid, flush).is_ok() {
+            outstanding += 1;
+        }
+    }
+    req.progress.outstanding = outstanding;
+    if outstanding == 0 {
+        return shutdown_complete(q, req);
+    }
+    Exec::Pending
+}
+
+/// A flush of the shutdown sequence finished.
+pub fn on_shutdown_flush(q: &QueueState, req: &mut Request, done: BdevCompletion) -> Exec {
+    if let Err(errno) = done.result {
+        // Nothing more can be done for that data: the host learns of it only through the log.
+        tracing::error!(errno, "flush at controller shutdown failed");
+    }
+    req.progress.outstanding = req.progress.outstanding.saturating_sub(1);
+    if req.progress.outstanding > 0 {
+        return Exec::Pending;
+    }
+    shutdown_complete(q, req)
+}
+
+fn shutdown_complete(q: &QueueState, req: &mut Request) -> Exec {
+    if let Some(ctrl) = &q.ctrl {
+        ctrl.set_csts(ctrl.csts().with_shst(SHST_COMPLETE));
+    }
     req.complete(Status::SUCCESS);
     Exec::Complete
 }
 
 /// Applies a CC write: enabling makes the controller ready (or fatal if the queue entry sizes
-/// are wrong), disabling resets it, a shutdown notification completes at once because there is
-/// no volatile state the target could lose.
-fn write_cc(ctrl: &ControllerShared, new: Cc) {
+/// are wrong), disabling resets it. A shutdown notification sets SHST to "processing"; returns
+/// true when it did, and the caller completes the shutdown once the namespaces are flushed.
+fn write_cc(ctrl: &ControllerShared, new: Cc) -> bool {
     let old = ctrl.cc();
     let mut csts = ctrl.csts();
     if new.en() && !old.en() {
@@ -273,11 +335,13 @@ fn write_cc(ctrl: &ControllerShared, new: Cc) {
     } else if !new.en() && old.en() {
         csts = Csts(0);
     }
-    if new.shn() != 0 && old.shn() == 0 {
-        csts = csts.with_shst(SHST_COMPLETE);
+    let shutting_down = new.shn() != 0 && old.shn() == 0;
+    if shutting_down {
+        csts = csts.with_shst(SHST_PROCESSING);
     } else if new.shn() == 0 && old.shn() != 0 {
         csts = csts.with_shst(0);
     }
     ctrl.set_cc(new);
     ctrl.set_csts(csts);
+    shutting_down
 }

@@ -122,9 +122,7 @@ pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exe
         }
         IoOpcode::WRITE => {
             let rw = ReadWrite::parse(&req.cmd);
-            let ctrl = q.ctrl.as_ref().expect("connected");
-            // With the host's write cache switched off every write must be durable at once.
-            let fua = rw.fua || (ns.bdev.has_write_cache() && !ctrl.write_cache_enabled());
+            let fua = rw.fua || write_through(q, &ns);
             io(
                 IoKind::Write,
                 rw.slba,
@@ -153,9 +151,13 @@ pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exe
             if !ns.bdev.supports(IoKind::WriteZeroes) {
                 return req.fail(Status::INVALID_OPCODE.with_dnr());
             }
-            io(IoKind::WriteZeroes, rw.slba, u64::from(rw.nlb), None, false)
+            let fua = rw.fua || write_through(q, &ns);
+            io(IoKind::WriteZeroes, rw.slba, u64::from(rw.nlb), None, fua)
         }
-        IoOpcode::DATASET_MANAGEMENT => return dataset_management(core, sid, &ns, req),
+        IoOpcode::DATASET_MANAGEMENT => {
+            let fua = write_through(q, &ns);
+            return dataset_management(core, sid, &ns, req, fua);
+        }
         _ => return req.fail(Status::INVALID_OPCODE.with_dnr()),
     };
     match core.submit_io(sid, nsid, bdev_io) {
@@ -177,11 +179,19 @@ fn aux_buffer(core: &mut CoreCtx, q: &QueueState, len: u32) -> Option<nvmf_commo
 }
 
 /// Deallocates each range; attributes other than Deallocate are hints and need no action.
+/// With the host's write cache switched off (Set Features VWC) every change to the media must
+/// be durable when its command completes: writes, Write Zeroes and deallocations alike.
+fn write_through(q: &QueueState, ns: &Namespace) -> bool {
+    let ctrl = q.ctrl.as_ref().expect("connected");
+    ns.bdev.has_write_cache() && !ctrl.write_cache_enabled()
+}
+
 fn dataset_management(
     core: &mut CoreCtx,
     sid: SubsystemId,
     ns: &Namespace,
     req: &mut Request,
+    fua: bool,
 ) -> Exec {
     let dsm = Dsm::parse(&req.cmd);
     if !dsm.attr_deallocate {
@@ -216,7 +226,7 @@ fn dataset_management(
             offset_blocks: slba,
             num_blocks: nlb,
             buf: None,
-            fua: false,
+            fua,
         };
         if let Err(status) = core.submit_io(sid, ns.nsid, io) {
             outstanding -= 1;

@@ -277,6 +277,10 @@ impl CoreCtx {
     /// Step 2 again, for a request that was pending.
     pub fn resume(&mut self, q: &mut QueueState, req: &mut Request, wakeup: Wakeup) -> Exec {
         let exec = match wakeup {
+            // Only the shutdown sequence's flushes are bdev I/O of a fabrics command.
+            Wakeup::Bdev(done) if req.cmd.opcode == FABRICS_OPCODE => {
+                cmd::fabrics::on_shutdown_flush(q, req, done)
+            }
             Wakeup::Bdev(done) => cmd::io::on_bdev_complete(self, q, req, done),
             Wakeup::Finished { status, dw0 } => {
                 req.complete_with(status, dw0);

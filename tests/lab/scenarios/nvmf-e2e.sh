@@ -104,9 +104,14 @@ lab_wait_until 60 "target to drop the vanished host's controller" gone ||
     lab_fail "target kept the vanished host's controller"
 grep -q "keep alive timeout" "$LAB_OUT/nvmf-tgt.log" && lab_log "target: keep-alive timeout tore the vanished controller down"
 kill "$LAB_BG_PID" 2>/dev/null || true
-lab_t 60 nvme disconnect-all >/dev/null 2>&1 || true
+# Link up first, then disconnect: a 6.12 host still retrying on the dead link may not let go
+# of its controller, and a later connect to the same address is refused as "already
+# connected". Then wait until the host really holds no controller.
 lab_t 10 ip link set veth1 up
 lab_wait_until 30 "rxe1 active again" lab__rxe_active rxe0 rxe1
+lab_t 60 nvme disconnect-all >/dev/null 2>&1 || true
+lab_wait_until 60 "the host to drop its controllers" \
+    sh -c "! ls /sys/class/nvme/ 2>/dev/null | grep -q '^nvme[0-9]'"
 dev=$(lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port")
 lab_fio after-victim --filename="$dev" --ioengine=libaio --direct=1 --rw=randrw --bs=4k \
     --iodepth=8 --size=8M --verify=crc32c --do_verify=1 --verify_fatal=1 >/dev/null ||
