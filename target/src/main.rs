@@ -32,6 +32,10 @@ struct Args {
     /// Also serve JSON-RPC on this TCP address (ADDR:PORT).
     #[arg(long = "rpc-listen")]
     rpc_listen: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default; a bare PORT
+    /// binds 127.0.0.1). Example: --metrics-listen 9464
+    #[arg(long = "metrics-listen", value_name = "[ADDR:]PORT")]
+    metrics_listen: Option<String>,
     /// Hold initialization until the framework_start_init RPC.
     #[arg(long = "wait-for-rpc")]
     wait_for_rpc: bool,
@@ -115,6 +119,26 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let control = Arc::new(Mutex::new(control));
+    if let Some(spec) = &args.metrics_listen {
+        let counters = reactors
+            .iter()
+            .map(|r| nvmf_target::metrics::ReactorCounters {
+                core: r.core,
+                stats: Arc::clone(&r.stats),
+            })
+            .collect();
+        let served = nvmf_target::metrics::parse_listen(spec)
+            .map_err(anyhow::Error::msg)
+            .and_then(|addr| {
+                nvmf_target::metrics::serve(addr, Arc::clone(&control), counters)
+                    .with_context(|| format!("cannot serve metrics on {addr}"))
+            });
+        if let Err(e) = served {
+            drop(control);
+            stop_reactors(reactors);
+            return Err(e);
+        }
+    }
     let module = nvmf_rpc::build_module(&method_names(), call_fn(Arc::clone(&control)));
     let unix = match nvmf_rpc::serve_unix(&args.rpc_socket, module.clone(), Default::default()) {
         Ok(s) => s,

@@ -61,6 +61,9 @@ pub fn prepare(
             } else {
                 DataDirection::HostToController
             };
+            if op != IoOpcode::COMPARE {
+                req.started = Some(std::time::Instant::now());
+            }
             data_phase(q, &req.cmd, dir, bytes as u32)
         }
         IoOpcode::FLUSH => data_phase(q, &req.cmd, DataDirection::None, 0),
@@ -250,7 +253,11 @@ pub fn on_bdev_complete(
 ) -> Exec {
     let opcode = IoOpcode(req.cmd.opcode);
     let status = from_bdev(done.kind, done.result);
-    let ns = core.namespace(ids(q, req).0, req.nsid).cloned();
+    let (sid, _) = ids(q, req);
+    if let (Some(started), true) = (req.started, status.is_success()) {
+        core.record_latency(sid, req.nsid, opcode == IoOpcode::WRITE, started.elapsed());
+    }
+    let ns = core.namespace(sid, req.nsid).cloned();
     if let Some(ns) = &ns {
         if !status.is_success() {
             ns.stats.record_error();

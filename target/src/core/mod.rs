@@ -18,11 +18,13 @@ use nvmf_common::spec::{Status, FABRICS_OPCODE};
 use crate::bdev::{BdevChannel, BdevIo};
 use crate::cmd;
 use crate::core::controller::ControllerLocal;
+use crate::core::latency::NamespaceLatency;
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
 use crate::core::subsystem::{Namespace, SubsystemConfig, SubsystemId, SubsystemKind};
 
 pub mod controller;
+pub mod latency;
 pub mod poll_group;
 pub mod queue;
 pub mod request;
@@ -60,6 +62,8 @@ pub(crate) struct GroupNamespace {
     pub channel: Box<dyn BdevChannel>,
     /// I/O the channel refused for lack of resources, retried after its next poll.
     pub retry: VecDeque<BdevIo>,
+    /// This reactor's read and write latencies on the namespace.
+    pub latency: NamespaceLatency,
 }
 
 pub(crate) struct GroupSubsystem {
@@ -134,6 +138,7 @@ impl CoreCtx {
                             ns: Arc::clone(ns),
                             channel,
                             retry: VecDeque::new(),
+                            latency: NamespaceLatency::default(),
                         },
                         Err(e) => {
                             tracing::error!(
@@ -396,6 +401,42 @@ impl CoreCtx {
             gns.retry.push_back(io);
         }
         Ok(())
+    }
+
+    /// Counts a finished read or write in this reactor's histogram of the namespace.
+    pub(crate) fn record_latency(
+        &mut self,
+        subsystem: SubsystemId,
+        nsid: u32,
+        write: bool,
+        took: std::time::Duration,
+    ) {
+        let Some(gns) = self
+            .subsystems
+            .get_mut(&subsystem)
+            .and_then(|s| s.namespaces.get_mut(&nsid))
+        else {
+            return;
+        };
+        let h = if write {
+            &mut gns.latency.write
+        } else {
+            &mut gns.latency.read
+        };
+        h.record(took);
+    }
+
+    /// This reactor's latency histograms: (subsystem NQN, NSID, histograms) of every namespace
+    /// it has a channel to.
+    pub fn namespace_latencies(&self) -> Vec<(String, u32, NamespaceLatency)> {
+        self.subsystems
+            .values()
+            .flat_map(|s| {
+                s.namespaces
+                    .iter()
+                    .map(|(&nsid, g)| (s.config.nqn.clone(), nsid, g.latency))
+            })
+            .collect()
     }
 
     pub(crate) fn namespace(&self, subsystem: SubsystemId, nsid: u32) -> Option<&Arc<Namespace>> {

@@ -94,6 +94,8 @@ pub struct Request {
     pub(crate) progress: Progress,
     /// The namespace id this request runs against, resolved in `prepare`.
     pub(crate) nsid: u32,
+    /// When a read or write arrived, for its namespace's latency histogram.
+    pub(crate) started: Option<std::time::Instant>,
 }
 
 impl Request {
@@ -107,6 +109,7 @@ impl Request {
             len: 0,
             progress: Progress::default(),
             nsid: 0,
+            started: None,
         }
     }
 
@@ -120,6 +123,7 @@ impl Request {
         self.len = 0;
         self.progress = Progress::default();
         self.nsid = 0;
+        self.started = None;
     }
 
     /// Fills the response status. Every outcome of a command passes through here.

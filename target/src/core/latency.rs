@@ -1,0 +1,96 @@
+//! Per-reactor I/O latency histograms: each reactor counts its own commands in its own
+//! buckets (no shared writes on the I/O path) and the control plane sums them when it reads.
+
+use std::time::Duration;
+
+/// Bucket upper bounds are powers of two microseconds: 1 µs, 2 µs, ... 2^(BUCKETS-2) µs
+/// (about 8.4 s), then everything slower.
+pub const BUCKETS: usize = 25;
+
+/// Latencies of one kind of command on one namespace, as seen by one reactor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    /// `counts[i]`: commands that took at most `bound_us(i)` but more than `bound_us(i - 1)`.
+    pub counts: [u64; BUCKETS],
+    pub sum_ns: u64,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self {
+            counts: [0; BUCKETS],
+            sum_ns: 0,
+        }
+    }
+}
+
+impl LatencyHistogram {
+    /// Upper bound of bucket `i` in microseconds; `None` for the last, unbounded one.
+    pub fn bound_us(i: usize) -> Option<u64> {
+        (i + 1 < BUCKETS).then(|| 1u64 << i)
+    }
+
+    pub fn record(&mut self, took: Duration) {
+        let ns = took.as_nanos().min(u128::from(u64::MAX)) as u64;
+        // Smallest i with ns <= 1000 * 2^i: bit length of ceil(ns / 1000) - 1.
+        let us = ns.div_ceil(1000).max(1);
+        let i = (u64::BITS - (us - 1).leading_zeros()) as usize;
+        self.counts[i.min(BUCKETS - 1)] += 1;
+        self.sum_ns = self.sum_ns.saturating_add(ns);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    pub fn merge(&mut self, other: &Self) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *a += b;
+        }
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
+    }
+}
+
+/// Read and write latencies of one namespace on one reactor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NamespaceLatency {
+    pub read: LatencyHistogram,
+    pub write: LatencyHistogram,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_powers_of_two_microseconds() {
+        let mut h = LatencyHistogram::default();
+        for (took_ns, bucket) in [
+            (1, 0),
+            (1000, 0),
+            (1001, 1),
+            (2000, 1),
+            (2001, 2),
+            (1_000_000, 10),
+            (1_024_000, 10),
+            (1_024_001, 11),
+            (u64::MAX, BUCKETS - 1),
+        ] {
+            let before = h.counts[bucket];
+            h.record(Duration::from_nanos(took_ns));
+            assert_eq!(
+                h.counts[bucket],
+                before + 1,
+                "{took_ns} ns -> bucket {bucket}"
+            );
+        }
+        assert_eq!(h.count(), 9);
+        assert_eq!(LatencyHistogram::bound_us(0), Some(1));
+        assert_eq!(LatencyHistogram::bound_us(10), Some(1024));
+        assert_eq!(LatencyHistogram::bound_us(BUCKETS - 1), None);
+        let mut sum = LatencyHistogram::default();
+        sum.merge(&h);
+        sum.merge(&h);
+        assert_eq!(sum.count(), 18);
+    }
+}
