@@ -633,6 +633,11 @@ lab_cleanup() {
             rmdir "$x" 2>/dev/null || true
         done <"$LAB_STATE/mounts"
     fi
+    if [[ -f $LAB_STATE/dm ]]; then
+        while read -r x; do
+            [[ -e /dev/mapper/$x ]] && { timeout 30 dmsetup remove "$x" || true; }
+        done <"$LAB_STATE/dm"
+    fi
     if [[ -f $LAB_STATE/brd ]]; then timeout 30 rmmod brd 2>/dev/null || true; fi
     if [[ -f $LAB_STATE/rxe ]]; then lab_rxe_down || true; fi
     rm -rf "$LAB_STATE"

@@ -111,7 +111,11 @@ lab_t 10 ip link set veth1 up
 lab_wait_until 30 "rxe1 active again" lab__rxe_active rxe0 rxe1
 lab_t 60 nvme disconnect-all >/dev/null 2>&1 || true
 lab_wait_until 60 "the host to drop its controllers" \
-    sh -c "! ls /sys/class/nvme/ 2>/dev/null | grep -q '^nvme[0-9]'"
+    sh -c "! ls /sys/class/nvme/ 2>/dev/null | grep -q '^nvme[0-9]'" || {
+    for c in /sys/class/nvme/nvme*; do lab_log "host still has $c: $(cat "$c/state" 2>&1)"; done
+    ps -eo pid,stat,wchan:32,cmd | grep -E 'fio|nvme' | grep -v grep >&2 || true
+    lab_fail "the host kept a controller after disconnect-all"
+}
 dev=$(lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port")
 lab_fio after-victim --filename="$dev" --ioengine=libaio --direct=1 --rw=randrw --bs=4k \
     --iodepth=8 --size=8M --verify=crc32c --do_verify=1 --verify_fatal=1 >/dev/null ||
