@@ -20,7 +20,12 @@ use zerocopy::FromBytes;
 #[derive(Parser, Debug)]
 #[command(
     name = "nvmf-host",
-    about = "NVMe-oF (RDMA) host tool: discover, identify, logs, block read/write"
+    about = "NVMe-oF (RDMA) host tool: discover, identify, logs, block read/write",
+    after_help = "Examples:\n  \
+        nvmf-host discover -r 'trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4420'\n  \
+        nvmf-host identify -r 'trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4420 \
+        subnqn:nqn.2016-06.io.spdk:cnode1' ctrl\n  \
+        nvmf-host write -r ADDRESS-AS-FOR-IDENTIFY -s 0 -c 256 -f data.bin   (read: the same, into the file)"
 )]
 struct Cli {
     /// Host NQN (default: /etc/nvme/hostnqn or a generated one).

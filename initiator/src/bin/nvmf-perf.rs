@@ -24,7 +24,10 @@ use nvmf_initiator::{
 #[derive(Parser, Debug)]
 #[command(
     name = "nvmf-perf",
-    about = "NVMe-oF (RDMA) I/O benchmark, with spdk_nvme_perf's flags"
+    about = "NVMe-oF (RDMA) I/O benchmark, with spdk_nvme_perf's flags",
+    after_help = "Example: 4 KiB random 70/30 mix at queue depth 32 for 10 s on two cores:\n  \
+        nvmf-perf -r 'trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4420 \
+        subnqn:nqn.2016-06.io.spdk:cnode1' -q 32 -o 4096 -w randrw -M 70 -t 10 -c 0x3"
 )]
 struct Args {
     /// Transport ID: 'trtype:RDMA adrfam:IPv4 traddr:A trsvcid:4420 subnqn:NQN [hostnqn:NQN] [ns:N]'.
