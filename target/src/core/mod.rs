@@ -31,6 +31,10 @@ pub mod request;
 pub mod status;
 pub mod subsystem;
 
+/// Default of [`CoreCtx::connect_timeout_ms`]: hosts send Connect right after the transport
+/// connection is up (Linux within milliseconds); ten seconds is generous even under emulation.
+pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
+
 pub use poll_group::{PollGroup, PollGroupHandle, PollGroupMsg};
 
 /// Facts about the whole target that every reactor reads.
@@ -83,6 +87,9 @@ pub struct CoreCtx {
     pub(crate) aux_pool: Option<BufferPool>,
     clock: Instant,
     now_ms: u64,
+    /// A queue with no controller this long after the core first saw it is disconnected: a
+    /// connection that never sends Connect (or only failed ones) holds no resources for good.
+    pub connect_timeout_ms: u64,
 }
 
 impl CoreCtx {
@@ -98,7 +105,18 @@ impl CoreCtx {
             aux_pool: None,
             clock: Instant::now(),
             now_ms: 0,
+            connect_timeout_ms: CONNECT_TIMEOUT_MS,
         }
+    }
+
+    /// Whether the transport should disconnect `q`: its controller failed, was reset to a
+    /// fatal state or torn down, or no Connect succeeded within `connect_timeout_ms`.
+    pub fn should_disconnect(&self, q: &mut QueueState) -> bool {
+        if let Some(ctrl) = &q.ctrl {
+            return ctrl.is_failed();
+        }
+        let since = *q.unconnected_since_ms.get_or_insert(self.now_ms);
+        self.now_ms.saturating_sub(since) >= self.connect_timeout_ms
     }
 
     pub fn now_ms(&self) -> u64 {

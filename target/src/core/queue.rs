@@ -23,6 +23,8 @@ pub struct QueueState {
     /// The listen address the connection came through, when the transport knows it.
     pub listener: Option<ListenAddress>,
     sq_head: u16,
+    /// When the core first saw this queue without a controller (before Connect).
+    pub(crate) unconnected_since_ms: Option<u64>,
 }
 
 impl QueueState {
@@ -42,6 +44,7 @@ impl QueueState {
             peer,
             listener,
             sq_head: 0,
+            unconnected_since_ms: None,
         }
     }
 
@@ -59,11 +62,5 @@ impl QueueState {
         let depth = self.depth.max(1);
         self.sq_head = (self.sq_head + 1) % depth;
         self.sq_head
-    }
-
-    /// The controller has failed, been reset to a fatal state, or torn down: the transport
-    /// should disconnect this queue.
-    pub fn should_disconnect(&self) -> bool {
-        self.ctrl.as_ref().is_some_and(|c| c.is_failed())
     }
 }

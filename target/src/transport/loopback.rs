@@ -287,7 +287,7 @@ impl LoopbackPollGroup {
                 continue;
             };
             let host_gone = qp.wire.host_closed.load(Ordering::Acquire);
-            if !qp.closing && (host_gone || qp.state.should_disconnect()) {
+            if !qp.closing && (host_gone || core.should_disconnect(&mut qp.state)) {
                 qp.closing = true;
                 qp.wire.target_closed.store(true, Ordering::Release);
                 core.queue_closed(&mut qp.state);

@@ -520,7 +520,7 @@ impl RdmaPollGroup {
             let Some(qp) = self.qpairs[qi].as_mut() else {
                 continue;
             };
-            if qp.closing.is_none() && qp.state.should_disconnect() {
+            if qp.closing.is_none() && core.should_disconnect(&mut qp.state) {
                 self.start_close(qi, core);
                 continue;
             }
