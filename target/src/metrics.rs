@@ -206,31 +206,24 @@ pub fn render(control: &Mutex<Control>, reactors: &[ReactorCounters]) -> String 
     samples.sort_by(|a, b| a.name.cmp(&b.name));
 
     let mut o = Exposition::default();
-    o.family(
-        "nvmf_reactor_busy_turns_total",
-        "counter",
-        "Reactor poll turns that found work.",
-    );
-    for r in reactors {
-        let v = r.stats.busy_turns.load(Ordering::Relaxed);
-        o.sample(
+    type TurnsOf = fn(&ReactorStats) -> u64;
+    let turns: [(&str, &str, TurnsOf); 2] = [
+        (
             "nvmf_reactor_busy_turns_total",
-            &[("core", &r.core.to_string())],
-            v,
-        );
-    }
-    o.family(
-        "nvmf_reactor_idle_turns_total",
-        "counter",
-        "Reactor poll turns that found nothing to do.",
-    );
-    for r in reactors {
-        let v = r.stats.idle_turns.load(Ordering::Relaxed);
-        o.sample(
+            "Reactor poll turns that found work.",
+            |s| s.busy_turns.load(Ordering::Relaxed),
+        ),
+        (
             "nvmf_reactor_idle_turns_total",
-            &[("core", &r.core.to_string())],
-            v,
-        );
+            "Reactor poll turns that found nothing to do.",
+            |s| s.idle_turns.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, help, get) in turns {
+        o.family(name, "counter", help);
+        for r in reactors {
+            o.sample(name, &[("core", &r.core.to_string())], get(&r.stats));
+        }
     }
     o.family(
         "nvmf_poll_groups_answering",
