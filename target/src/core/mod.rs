@@ -35,6 +35,10 @@ pub mod subsystem;
 /// connection is up (Linux within milliseconds); ten seconds is generous even under emulation.
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
 
+/// Period of the housekeeping tick ([`CoreCtx::is_tick`]): far below any timeout it serves
+/// (keep-alive granularity is 100 ms, the connect timeout seconds).
+pub const TICK_MS: u64 = 10;
+
 pub use poll_group::{PollGroup, PollGroupHandle, PollGroupMsg};
 
 /// Facts about the whole target that every reactor reads.
@@ -90,6 +94,9 @@ pub struct CoreCtx {
     /// A queue with no controller this long after the core first saw it is disconnected: a
     /// connection that never sends Connect (or only failed ones) holds no resources for good.
     pub connect_timeout_ms: u64,
+    /// Whether this turn is a timer tick (see [`TICK_MS`]), and when the next one is due.
+    tick: bool,
+    next_tick_ms: u64,
 }
 
 impl CoreCtx {
@@ -106,6 +113,8 @@ impl CoreCtx {
             clock: Instant::now(),
             now_ms: 0,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
+            tick: true,
+            next_tick_ms: 0,
         }
     }
 
@@ -381,7 +390,19 @@ impl CoreCtx {
         }
         self.draining
             .retain(|g| g.channel.in_flight() > 0 || !g.retry.is_empty());
+        self.tick = self.now_ms >= self.next_tick_ms;
+        if !self.tick {
+            return work;
+        }
+        self.next_tick_ms = self.now_ms + TICK_MS;
         work + self.check_keep_alive()
+    }
+
+    /// True on the turn of a timer tick: per-connection housekeeping (keep-alive expiry,
+    /// connect timeouts, reaping closed connections) walks every connection only then, so
+    /// idle connections cost a reactor nothing on the other turns.
+    pub fn is_tick(&self) -> bool {
+        self.tick
     }
 
     fn check_keep_alive(&mut self) -> usize {

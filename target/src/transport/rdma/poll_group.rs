@@ -621,7 +621,9 @@ impl TransportPollGroup for RdmaPollGroup {
         work += self.serve_buffers(core);
         work += self.serve_reads();
         work += self.serve_sends();
-        self.reap(core);
+        if core.is_tick() {
+            self.reap(core);
+        }
         for dev in &mut self.devices {
             if let Err(e) = dev.flush_reposts() {
                 tracing::error!("reposting receive buffers failed: {e}");
