@@ -140,6 +140,12 @@ impl Reactor {
         ))
     }
 
+    /// The reactor's thread ended without being asked to (a panic in a poll): its queues are
+    /// served by nobody. The owner must not carry on as if it were alive.
+    pub fn died(&self) -> bool {
+        !self.stop.load(Ordering::Acquire) && self.thread.as_ref().is_some_and(|t| t.is_finished())
+    }
+
     /// Asks the reactor to stop after its current turn; `join` waits for it.
     pub fn request_stop(&self) {
         self.stop.store(true, Ordering::Release);
@@ -230,6 +236,45 @@ mod tests {
         fn shutdown(&mut self) {
             self.shut.store(true, Ordering::Release);
         }
+    }
+
+    struct Panics;
+
+    impl Pollable for Panics {
+        fn poll(&mut self) -> usize {
+            panic!("a poll that panics (test)");
+        }
+        fn shutdown(&mut self) {}
+    }
+
+    #[test]
+    fn a_reactor_that_panics_is_seen_dead_and_a_stopped_one_is_not() {
+        let (dead, ()) = Reactor::spawn(0, "dies".into(), || (Panics, ())).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !dead.died() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(dead.died(), "a panicked reactor must be reported dead");
+        let turns = Arc::new(AtomicU64::new(0));
+        let shut = Arc::new(AtomicBool::new(false));
+        let (t, s) = (Arc::clone(&turns), Arc::clone(&shut));
+        let (alive, ()) = Reactor::spawn(0, "lives".into(), move || {
+            let state = Counter {
+                turns: t,
+                work_left: 0,
+                shut: s,
+            };
+            (state, ())
+        })
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!alive.died());
+        alive.request_stop();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!alive.died(), "stopping on request is not dying");
+        alive.join();
+        dead.join();
+        assert!(shut.load(Ordering::Acquire));
     }
 
     #[test]

@@ -167,6 +167,15 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
+        // A reactor that died (a panic) leaves its hosts served by nobody: exit non-zero at
+        // once, so systemd or another supervisor restarts the target and hosts reconnect.
+        if let Some(dead) = reactors.iter().find(|r| r.died()) {
+            tracing::error!(
+                core = dead.core,
+                "reactor died: exiting with status 70 so a supervisor restarts nvmf-tgt"
+            );
+            std::process::exit(70);
+        }
     }
     tracing::info!("shutting down: disconnecting hosts");
     unix.shutdown();
