@@ -94,7 +94,7 @@ nvmf_rpc bdev_uring_create "$small/full.img" Full0 4096 >/dev/null
 nvmf_rpc nvmf_subsystem_add_ns "$nqn" Full0 -n 4 >/dev/null
 lab_wait_until 30 "namespace 4 to appear" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -ge 4 ]" ||
     lab_fail "namespace 4 did not appear"
-ns4=$(lab_nvme_dev "$nqn" | sort | tail -n1)
+ns4=$(lab_nvme_devs_by_nsid "$nqn" | tail -n1)
 if lab_t 120 dd if=/dev/urandom of="$ns4" bs=1M count=16 oflag=direct status=none 2>"$LAB_STATE/full-err"; then
     lab_fail "writing 16 MiB into a 4 MiB file system succeeded"
 fi
@@ -115,7 +115,7 @@ grep -q '"num_blocks": 65536' "$LAB_OUT/blk0.json" || lab_fail "size not taken f
 nvmf_rpc nvmf_subsystem_add_ns "$nqn" Blk0 -n 5 >/dev/null
 lab_wait_until 30 "namespace 5 to appear" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -ge 5 ]" ||
     lab_fail "namespace 5 did not appear"
-ns5=$(lab_nvme_dev "$nqn" | sort | tail -n1)
+ns5=$(lab_nvme_devs_by_nsid "$nqn" | tail -n1)
 head -c 1048576 /dev/urandom >"$LAB_STATE/blk-pattern"
 lab_t 60 dd if="$LAB_STATE/blk-pattern" of="$ns5" bs=64k oflag=direct status=none
 lab_t 30 dd if="$blk" of="$LAB_STATE/blk-back" bs=64k count=16 iflag=direct status=none

@@ -64,7 +64,7 @@ lab_nvme_disconnect "$nqn"
 
 # 4. File system on the 4 KiB namespace survives disconnect and reconnect.
 dev=$(lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port")
-dev=$(lab_nvme_dev "$nqn" | sort | tail -n1)
+dev=$(lab_nvme_devs_by_nsid "$nqn" | tail -n1)
 lab_t 120 mkfs.ext4 -q -F "$dev"
 mnt=$(mktemp -d /tmp/nvmf-mnt.XXXXXX)
 lab_t 30 mount "$dev" "$mnt"
@@ -74,7 +74,7 @@ sum=$(sha256sum <"$mnt/file")
 lab_t 60 umount "$mnt"
 lab_nvme_disconnect "$nqn"
 lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port" >/dev/null
-dev=$(lab_nvme_dev "$nqn" | sort | tail -n1)
+dev=$(lab_nvme_devs_by_nsid "$nqn" | tail -n1)
 lab_t 30 mount "$dev" "$mnt"
 [[ $(sha256sum <"$mnt/file") == "$sum" ]] || lab_fail "file differs after reconnect"
 lab_t 60 umount "$mnt"

@@ -25,7 +25,7 @@ dev1=$(lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port")
 nvmf_rpc nvmf_subsystem_add_ns "$nqn" Malloc1 -n 2 >/dev/null
 lab_wait_until 30 "namespace 2 to appear on the host" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -ge 2 ]" ||
     lab_fail "namespace added live did not appear on the host"
-dev2=$(lab_nvme_dev "$nqn" | sort | tail -n1)
+dev2=$(lab_nvme_devs_by_nsid "$nqn" | tail -n1)
 lab_log "namespace 2 appeared live as $dev2"
 lab_fio ns2-verify --filename="$dev2" --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
     --iodepth=4 --size=4M --verify=crc32c --do_verify=1 --verify_fatal=1 >/dev/null ||
