@@ -5,6 +5,7 @@
 pub mod bdev;
 pub mod cmd;
 pub mod core;
+pub mod doctor;
 pub mod metrics;
 pub mod reactor;
 pub mod rpc;

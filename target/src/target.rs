@@ -359,7 +359,7 @@ impl Target {
             .listen(&addr)
             .map_err(|reason| TargetError::Listen {
                 addr: addr.to_string(),
-                reason,
+                reason: format!("{reason}; run `nvmf-doctor -a {}` to diagnose", addr.traddr),
             })?;
         let sub = self
             .subsystems

@@ -67,8 +67,9 @@ impl RdmaTransport {
     pub fn new(opts: TransportOptions) -> Result<Self, String> {
         opts.validate()?;
         refuse_unhonoured(&opts)?;
-        let channel = EventChannel::new()
-            .map_err(|e| format!("cannot open an RDMA CM event channel: {e}"))?;
+        let channel = EventChannel::new().map_err(|e| {
+            format!("cannot open an RDMA CM event channel: {e}; run `nvmf-doctor` to diagnose")
+        })?;
         let shared = Arc::new(Shared {
             limits: opts.limits(),
             opts,
