@@ -13,7 +13,7 @@ use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, Request};
 use crate::core::status::from_bdev;
 use crate::core::subsystem::{Namespace, SubsystemId};
-use crate::core::CoreCtx;
+use crate::core::{CoreCtx, Counted};
 
 const AUX_BUFFERS: u32 = 32;
 const DSM_RANGE_LEN: u32 = core::mem::size_of::<DsmRange>() as u32;
@@ -254,18 +254,15 @@ pub fn on_bdev_complete(
     let opcode = IoOpcode(req.cmd.opcode);
     let status = from_bdev(done.kind, done.result);
     let (sid, _) = ids(q, req);
-    if let (Some(started), true) = (req.started, status.is_success()) {
-        core.record_latency(sid, req.nsid, opcode == IoOpcode::WRITE, started.elapsed());
-    }
-    let ns = core.namespace(sid, req.nsid).cloned();
-    if let Some(ns) = &ns {
-        if !status.is_success() {
-            ns.stats.record_error();
-        } else if opcode == IoOpcode::READ {
-            ns.stats.record_read(u64::from(req.len));
-        } else if opcode == IoOpcode::WRITE {
-            ns.stats.record_write(u64::from(req.len));
-        }
+    let kind = match opcode {
+        _ if !status.is_success() => Some(Counted::Error),
+        IoOpcode::READ => Some(Counted::Read),
+        IoOpcode::WRITE => Some(Counted::Write),
+        _ => None,
+    };
+    if let Some(kind) = kind {
+        let took = req.started.map(|t| t.elapsed());
+        core.count_io(sid, req.nsid, kind, req.len, took);
     }
     match opcode {
         IoOpcode::COMPARE => {

@@ -41,6 +41,14 @@ pub const TICK_MS: u64 = 10;
 
 pub use poll_group::{PollGroup, PollGroupHandle, PollGroupMsg};
 
+/// What a finished I/O command counts as in its namespace's statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counted {
+    Read,
+    Write,
+    Error,
+}
+
 /// Facts about the whole target that every reactor reads.
 #[derive(Debug)]
 pub struct TargetInfo {
@@ -442,13 +450,15 @@ impl CoreCtx {
         Ok(())
     }
 
-    /// Counts a finished read or write in this reactor's histogram of the namespace.
-    pub(crate) fn record_latency(
+    /// Counts a finished I/O command of `bytes` in the namespace's statistics and, for a read
+    /// or write that took `took`, in this reactor's latency histogram: one lookup.
+    pub(crate) fn count_io(
         &mut self,
         subsystem: SubsystemId,
         nsid: u32,
-        write: bool,
-        took: std::time::Duration,
+        kind: Counted,
+        bytes: u32,
+        took: Option<std::time::Duration>,
     ) {
         let Some(gns) = self
             .subsystems
@@ -457,12 +467,24 @@ impl CoreCtx {
         else {
             return;
         };
-        let h = if write {
-            &mut gns.latency.write
-        } else {
-            &mut gns.latency.read
+        let (stats, latency) = (&gns.ns.stats, &mut gns.latency);
+        let histogram = match kind {
+            Counted::Error => {
+                stats.record_error();
+                return;
+            }
+            Counted::Read => {
+                stats.record_read(u64::from(bytes));
+                &mut latency.read
+            }
+            Counted::Write => {
+                stats.record_write(u64::from(bytes));
+                &mut latency.write
+            }
         };
-        h.record(took);
+        if let Some(took) = took {
+            histogram.record(took);
+        }
     }
 
     /// This reactor's latency histograms: (subsystem NQN, NSID, histograms) of every namespace
