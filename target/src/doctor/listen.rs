@@ -224,6 +224,31 @@ mod tests {
     }
 
     #[test]
+    fn ipoib_address_leads_to_its_hca_port() {
+        let mut root = FakeRoot::empty();
+        root.ib_hca("mlx5_0", "4: ACTIVE", "5: LinkUp", "0x3", "0x1");
+        root.file("sys/class/infiniband/mlx5_0/ports/2/state", "2: INIT\n")
+            .file(
+                "sys/class/infiniband/mlx5_0/ports/2/link_layer",
+                "InfiniBand\n",
+            );
+        root.ipoib("ib0", "mlx5_0", 1, "192.168.100.1");
+        root.ipoib("ib1", "mlx5_0", 2, "192.168.101.1");
+        let f = check(&root.snapshot(), &plan(&["192.168.100.1", "192.168.101.1"]));
+        assert_eq!(f[0].status, Status::Ok, "{f:#?}");
+        assert_eq!(f[0].message, "on ib0, RDMA port mlx5_0/1");
+        assert_eq!(f[1].status, Status::Fail, "{f:#?}");
+        assert!(f[1]
+            .message
+            .contains("on ib1, RDMA port mlx5_0/2 not ACTIVE"));
+        // The port check names the missing subnet manager for the used port 2.
+        let ports = super::super::ports::check(&root.snapshot(), &plan(&["192.168.101.1"]));
+        let p2 = ports.iter().find(|f| f.subject == "mlx5_0/2").unwrap();
+        assert_eq!(p2.status, Status::Fail, "{ports:#?}");
+        assert!(p2.fix.as_ref().unwrap().contains("opensm"));
+    }
+
+    #[test]
     fn no_listen_address_skips() {
         let snap = FakeRoot::good_rxe().snapshot();
         let f = check(&snap, &Plan::default());

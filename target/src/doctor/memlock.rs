@@ -125,7 +125,7 @@ pub fn check(snap: &Snapshot, plan: &Plan) -> Vec<Finding> {
             "memlock",
             "RLIMIT_MEMLOCK",
             format!(
-                "memlock limit {} is below the {how}: registering the buffer pool fails (Cannot allocate memory)",
+                "memlock limit {} is below the {how}: registering the receive queues and the buffer pool fails (ibv_reg_mr: Cannot allocate memory)",
                 human_bytes(limit)
             ),
             fix,

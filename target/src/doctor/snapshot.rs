@@ -186,6 +186,8 @@ pub struct NetDev {
     pub operstate: String,
     /// RDMA devices of the same PCI function (`device/infiniband/`): mlx5 RoCE and IPoIB.
     pub rdma_devices: Vec<String>,
+    /// Zero-based port of the device (`dev_port`): IPoIB's `ib1` is port 2.
+    pub dev_port: Option<u32>,
 }
 
 /// One address of one interface (getifaddrs on a live system).
@@ -249,6 +251,9 @@ impl Snapshot {
                         .read(&format!("{base}/operstate"))
                         .unwrap_or_else(|| "unknown".into()),
                     rdma_devices: root.list(&format!("{base}/device/infiniband")),
+                    dev_port: root
+                        .read(&format!("{base}/dev_port"))
+                        .and_then(|p| p.parse().ok()),
                     name: name.clone(),
                 };
                 (name, dev)
@@ -316,9 +321,15 @@ impl Snapshot {
         if let Some(n) = port.gids.iter().find_map(|g| g.ndev.clone()) {
             return Some(n);
         }
-        self.netdevs
-            .values()
-            .find(|n| n.rdma_devices.contains(&dev.name))
+        // IPoIB: the netdevs of the HCA's PCI function, one per port.
+        let of_device = || {
+            self.netdevs
+                .values()
+                .filter(|n| n.rdma_devices.contains(&dev.name))
+        };
+        of_device()
+            .find(|n| n.dev_port.map(|p| p + 1) == Some(u32::from(port.num)))
+            .or_else(|| of_device().next())
             .map(|n| n.name.clone())
     }
 

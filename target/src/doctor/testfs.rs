@@ -166,6 +166,17 @@ impl FakeRoot {
         self
     }
 
+    /// An IPoIB netdev of HCA `dev`'s port `port` with one address.
+    pub fn ipoib(&mut self, netdev: &str, dev: &str, port: u8, addr: &str) -> &mut Self {
+        self.netdev(netdev, 2044, addr);
+        self.file(
+            &format!("sys/class/net/{netdev}/dev_port"),
+            &format!("{}\n", port - 1),
+        );
+        self.dir_at(&format!("sys/class/net/{netdev}/device/infiniband/{dev}"));
+        self
+    }
+
     pub fn root(&self) -> FsRoot {
         FsRoot::new(&self.dir)
     }

@@ -108,7 +108,7 @@ impl RdmaPollGroup {
     pub fn prepare_device(&mut self, ctx: Arc<nvmf_common::rdma::Context>) {
         if let Err(e) = self.device_for(ctx) {
             tracing::warn!(
-                "cannot prepare RDMA device resources (the first connect will retry): {e}"
+                "cannot prepare RDMA device resources (the first connect will retry): {e}; run `nvmf-doctor` to diagnose"
             );
         }
     }
