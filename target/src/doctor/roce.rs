@@ -196,7 +196,12 @@ fn check_mtu(snap: &Snapshot, plan: &Plan, dev: &RdmaDevice, port: &Port) -> Vec
                 "mtu",
                 format!("{subject} peer {peer}"),
                 format!(
-                    "MTU mismatch: {name} has MTU {mtu} (RoCE payload {roce}{active}), the peer's {pname} has MTU {pmtu} (RoCE payload {proce}); a connection takes the host's path MTU, and packets of the larger side are dropped by the smaller one's link"
+                    "MTU mismatch: {name} has MTU {mtu} (RoCE payload {roce}{active}), the peer's {pname} has MTU {pmtu} (RoCE payload {proce}); {}",
+                    if proce > roce {
+                        format!("the connecting host sets the path MTU, so it asks for {proce}-byte payloads that this side's link drops: large transfers stall")
+                    } else {
+                        format!("the connecting host sets the path MTU, so its connections run at {proce}-byte payloads and MTU {mtu} here buys them nothing")
+                    }
                 ),
                 format!(
                     "use one MTU on both ends and the switches between them: ip link set dev {pname} mtu {mtu} on the host, or ip link set dev {name} mtu {pmtu} here"
@@ -284,8 +289,20 @@ mod tests {
             .as_ref()
             .unwrap()
             .contains("ip link set dev veth1 mtu 9000"));
+        assert!(mtu.message.contains("run at 1024-byte payloads"), "{mtu:?}");
+        // The host's MTU the larger: its path MTU does not fit this side's link.
+        root.file("sys/class/net/veth0/mtu", "1500\n")
+            .file("sys/class/net/veth1/mtu", "9000\n");
+        let f = check(&root.snapshot(), &plan(&["10.0.0.1"], &["10.0.0.2"]));
+        let mtu = f.iter().find(|f| f.check == "mtu").unwrap();
+        assert_eq!(mtu.status, Status::Warn, "{f:#?}");
+        assert!(
+            mtu.message
+                .contains("asks for 4096-byte payloads that this side's link drops"),
+            "{mtu:?}"
+        );
         // Same MTU: OK; a remote peer: OK with a note.
-        root.file("sys/class/net/veth1/mtu", "9000\n");
+        root.file("sys/class/net/veth0/mtu", "9000\n");
         let f = check(
             &root.snapshot(),
             &plan(&["10.0.0.1"], &["10.0.0.2", "10.7.7.7"]),
