@@ -22,9 +22,9 @@ fn ids(q: &QueueState, req: &Request) -> (SubsystemId, u32) {
     (q.subsystem.expect("I/O queues are connected"), req.nsid)
 }
 
-fn check_range(ns: &Namespace, slba: u64, nlb: u64) -> Result<(), Status> {
+fn check_range(num_blocks: u64, slba: u64, nlb: u64) -> Result<(), Status> {
     match slba.checked_add(nlb) {
-        Some(end) if end <= ns.num_blocks() => Ok(()),
+        Some(end) if end <= num_blocks => Ok(()),
         _ => Err(Status::LBA_OUT_OF_RANGE.with_dnr()),
     }
 }
@@ -48,7 +48,7 @@ pub fn prepare(
     match IoOpcode(req.cmd.opcode) {
         op @ (IoOpcode::READ | IoOpcode::WRITE | IoOpcode::COMPARE) => {
             let rw = ReadWrite::parse(&req.cmd);
-            check_range(ns, rw.slba, u64::from(rw.nlb))?;
+            check_range(ns.num_blocks(), rw.slba, u64::from(rw.nlb))?;
             let bytes = u64::from(rw.nlb) * u64::from(ns.block_size());
             if bytes > u64::from(q.limits.max_transfer()) {
                 return Err(Status::INVALID_FIELD.with_dnr());
@@ -69,7 +69,7 @@ pub fn prepare(
         IoOpcode::FLUSH => data_phase(q, &req.cmd, DataDirection::None, 0),
         IoOpcode::WRITE_ZEROES => {
             let rw = ReadWrite::parse(&req.cmd);
-            check_range(ns, rw.slba, u64::from(rw.nlb))?;
+            check_range(ns.num_blocks(), rw.slba, u64::from(rw.nlb))?;
             if read_only {
                 return Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr());
             }
@@ -99,9 +99,27 @@ pub fn prepare(
     }
 }
 
+/// With the host's write cache switched off (Set Features VWC) every change to the media must
+/// be durable when its command completes: writes, Write Zeroes and deallocations alike.
+fn write_through(q: &QueueState, ns: &Namespace) -> bool {
+    let ctrl = q.ctrl.as_ref().expect("connected");
+    ns.bdev.has_write_cache() && !ctrl.write_cache_enabled()
+}
+
+/// What a Dataset Management needs of its namespace, copied out before the core is borrowed
+/// to submit.
+struct DsmTarget {
+    nsid: u32,
+    num_blocks: u64,
+    unmap: bool,
+    fua: bool,
+}
+
 pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
     let (sid, nsid) = ids(q, req);
-    let Some(ns) = core.namespace(sid, nsid).cloned() else {
+    // Borrowed, not cloned: a clone is an atomic read-modify-write on memory every reactor
+    // touches, per command.
+    let Some(ns) = core.namespace(sid, nsid) else {
         return req.fail(Status::INVALID_NAMESPACE.with_dnr());
     };
     let io = |kind, offset_blocks, num_blocks, buf, fua| BdevIo {
@@ -125,7 +143,7 @@ pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exe
         }
         IoOpcode::WRITE => {
             let rw = ReadWrite::parse(&req.cmd);
-            let fua = rw.fua || write_through(q, &ns);
+            let fua = rw.fua || write_through(q, ns);
             io(
                 IoKind::Write,
                 rw.slba,
@@ -154,12 +172,17 @@ pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exe
             if !ns.bdev.supports(IoKind::WriteZeroes) {
                 return req.fail(Status::INVALID_OPCODE.with_dnr());
             }
-            let fua = rw.fua || write_through(q, &ns);
+            let fua = rw.fua || write_through(q, ns);
             io(IoKind::WriteZeroes, rw.slba, u64::from(rw.nlb), None, fua)
         }
         IoOpcode::DATASET_MANAGEMENT => {
-            let fua = write_through(q, &ns);
-            return dataset_management(core, sid, &ns, req, fua);
+            let target = DsmTarget {
+                nsid,
+                num_blocks: ns.num_blocks(),
+                unmap: ns.bdev.supports(IoKind::Unmap),
+                fua: write_through(q, ns),
+            };
+            return dataset_management(core, sid, target, req);
         }
         _ => return req.fail(Status::INVALID_OPCODE.with_dnr()),
     };
@@ -182,19 +205,12 @@ fn aux_buffer(core: &mut CoreCtx, q: &QueueState, len: u32) -> Option<nvmf_commo
 }
 
 /// Deallocates each range; attributes other than Deallocate are hints and need no action.
-/// With the host's write cache switched off (Set Features VWC) every change to the media must
-/// be durable when its command completes: writes, Write Zeroes and deallocations alike.
-fn write_through(q: &QueueState, ns: &Namespace) -> bool {
-    let ctrl = q.ctrl.as_ref().expect("connected");
-    ns.bdev.has_write_cache() && !ctrl.write_cache_enabled()
-}
-
+/// With the host's write cache switched off the deallocations are durable at completion.
 fn dataset_management(
     core: &mut CoreCtx,
     sid: SubsystemId,
-    ns: &Namespace,
+    ns: DsmTarget,
     req: &mut Request,
-    fua: bool,
 ) -> Exec {
     let dsm = Dsm::parse(&req.cmd);
     if !dsm.attr_deallocate {
@@ -211,12 +227,12 @@ fn dataset_management(
     };
     let mut count = 0u32;
     for (slba, nlb) in ranges() {
-        if let Err(status) = check_range(ns, slba, nlb) {
+        if let Err(status) = check_range(ns.num_blocks, slba, nlb) {
             return req.fail(status);
         }
         count += u32::from(nlb > 0);
     }
-    if count == 0 || !ns.bdev.supports(IoKind::Unmap) {
+    if count == 0 || !ns.unmap {
         return req.fail(Status::SUCCESS);
     }
     let tag = req.tag.0;
@@ -229,7 +245,7 @@ fn dataset_management(
             offset_blocks: slba,
             num_blocks: nlb,
             buf: None,
-            fua,
+            fua: ns.fua,
         };
         if let Err(status) = core.submit_io(sid, ns.nsid, io) {
             outstanding -= 1;
