@@ -73,6 +73,7 @@ pub struct Client {
     stream: Box<dyn Stream>,
     buf: Vec<u8>,
     next_id: u64,
+    auth_token: Option<String>,
 }
 
 impl Client {
@@ -98,7 +99,14 @@ impl Client {
             stream,
             buf: Vec::new(),
             next_id: 1,
+            auth_token: None,
         })
+    }
+
+    /// Sends `token` as `"auth_token"` with every request (a TCP listener opened beyond
+    /// loopback asks for it).
+    pub fn set_auth_token(&mut self, token: Option<String>) {
+        self.auth_token = token;
     }
 
     /// The request object `call` would send next (for printing on error, as rpc.py does).
@@ -115,8 +123,13 @@ impl Client {
         let req = self.request(method, params.as_ref());
         let id = self.next_id;
         self.next_id += 1;
+        // The token goes on the wire but not into `req`, which errors print.
+        let mut wire = req.clone();
+        if let Some(t) = &self.auth_token {
+            wire["auth_token"] = json!(t);
+        }
         let mut bytes =
-            serde_json::to_vec(&req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+            serde_json::to_vec(&wire).map_err(|e| ClientError::Protocol(e.to_string()))?;
         bytes.push(b'\n');
         self.stream.write_all(&bytes)?;
         self.stream.flush()?;

@@ -37,3 +37,40 @@ impl RpcError {
         Self::new(Self::INTERNAL_ERROR, message)
     }
 }
+
+/// Why a server could not start. Each case names what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{path}: {source}")]
+    Path {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0} is in use by a running server (stop it, or pick another path with -r)")]
+    InUse(std::path::PathBuf),
+    #[error("{path} belongs to uid {owner}, not to us (uid {us}): refusing to replace it")]
+    NotOurs {
+        path: std::path::PathBuf,
+        owner: u32,
+        us: u32,
+    },
+    #[error(
+        "{0} exists and is not a socket (a symlink, file or directory): refusing to replace it"
+    )]
+    NotASocket(std::path::PathBuf),
+    #[error("{0}: a socket path longer than 107 bytes cannot be bound")]
+    PathTooLong(std::path::PathBuf),
+    #[error(
+        "refusing to serve JSON-RPC on {0} without authentication: a non-loopback address needs a token file (--rpc-token-file)"
+    )]
+    NotLoopback(std::net::SocketAddr),
+    #[error("no group {0} in /etc/group")]
+    NoSuchGroup(String),
+    #[error("token file {path}: {why}")]
+    Token {
+        path: std::path::PathBuf,
+        why: String,
+    },
+}

@@ -10,8 +10,10 @@ pub mod client;
 mod error;
 pub mod server;
 
-pub use error::RpcError;
-pub use server::{build_module, serve_tcp, serve_unix, CallFn, ServerHandle, ServerOptions};
+pub use error::{RpcError, ServeError};
+pub use server::{
+    build_module, group_id, serve_tcp, serve_unix, AuthToken, CallFn, ServerHandle, ServerOptions,
+};
 
 /// Where SPDK applications listen by default, and so where `rpc.py` (and `nvmf-rpc`) connect
 /// when given no `-s`.

@@ -216,6 +216,7 @@ fn truncated_request_then_hangup_harms_no_one() {
 fn oversized_request_is_refused_and_closed() {
     let (_h, path) = start(ServerOptions {
         max_request_bytes: 64 << 10,
+        ..Default::default()
     });
     let mut s = connect(&path);
     s.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"blob\":\"")
@@ -240,13 +241,13 @@ fn oversized_request_is_refused_and_closed() {
 }
 
 #[test]
-fn default_cap_is_32_mib_and_large_requests_below_it_work() {
-    assert_eq!(ServerOptions::default().max_request_bytes, 32 << 20);
+fn default_cap_is_4_mib_and_large_requests_below_it_work() {
+    assert_eq!(ServerOptions::default().max_request_bytes, 4 << 20);
     let (_h, path) = start(ServerOptions::default());
-    let blob = "y".repeat(4 << 20);
+    let blob = "y".repeat((4 << 20) - 100);
     let mut c = Client::connect(&Endpoint::Unix(path), Some(Duration::from_secs(10))).unwrap();
     let r = c.call("echo", Some(json!({"blob": blob}))).unwrap();
-    assert_eq!(r["blob"].as_str().unwrap().len(), 4 << 20);
+    assert_eq!(r["blob"].as_str().unwrap().len(), (4 << 20) - 100);
 }
 
 #[test]
@@ -329,8 +330,9 @@ fn tcp_listener_serves_the_same_protocol() {
 #[test]
 fn socket_file_lifecycle() {
     let path = socket_path("life");
-    // A stale file (nobody listening) is replaced.
-    std::fs::write(&path, b"stale").unwrap();
+    // A stale socket (nobody listening) is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
     let h = serve_unix(
         &path,
         build_module(METHODS, toy()),
@@ -345,7 +347,7 @@ fn socket_file_lifecycle() {
     )
     .err()
     .unwrap();
-    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+    assert!(matches!(e, nvmf_rpc::ServeError::InUse(_)), "{e}");
     let mut s = connect(&path);
     h.shutdown();
     assert!(!path.exists(), "shutdown removes the socket file");

@@ -29,9 +29,17 @@ struct Args {
     /// Unix socket of the JSON-RPC server.
     #[arg(short = 'r', long = "rpc-socket", default_value = nvmf_rpc::DEFAULT_SOCKET_PATH)]
     rpc_socket: PathBuf,
-    /// Also serve JSON-RPC on this TCP address (ADDR:PORT).
+    /// Also serve JSON-RPC on this TCP address (ADDR:PORT). Loopback only, unless
+    /// --rpc-token-file is given: then any address, and every request needs the token.
     #[arg(long = "rpc-listen")]
     rpc_listen: Option<String>,
+    /// File holding the shared secret TCP clients send as "auth_token" (mode 0600, at least
+    /// 16 bytes). The Unix socket never asks for it.
+    #[arg(long = "rpc-token-file", value_name = "PATH")]
+    rpc_token_file: Option<PathBuf>,
+    /// Group (name or number) allowed to use the Unix socket: mode 0660 instead of 0600.
+    #[arg(long = "rpc-socket-group", value_name = "GROUP")]
+    rpc_socket_group: Option<String>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by default; a bare PORT
     /// binds 127.0.0.1). Example: --metrics-listen 9464
     #[arg(long = "metrics-listen", value_name = "[ADDR:]PORT")]
@@ -42,6 +50,19 @@ struct Args {
     /// error, warn, info, debug or trace (RUST_LOG overrides it).
     #[arg(long = "log-level", default_value = "info")]
     log_level: String,
+}
+
+/// The JSON-RPC server's access options from --rpc-socket-group and --rpc-token-file.
+fn rpc_options(args: &Args) -> anyhow::Result<nvmf_rpc::ServerOptions> {
+    let mut opts = nvmf_rpc::ServerOptions::default();
+    if let Some(group) = &args.rpc_socket_group {
+        opts.socket_group = Some(nvmf_rpc::group_id(group)?);
+        opts.socket_mode = 0o660;
+    }
+    if let Some(path) = &args.rpc_token_file {
+        opts.tcp_token = Some(nvmf_rpc::AuthToken::from_file(path)?);
+    }
+    Ok(opts)
 }
 
 fn transport_factory() -> TransportFactory {
@@ -140,7 +161,15 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let module = nvmf_rpc::build_module(&method_names(), call_fn(Arc::clone(&control)));
-    let unix = match nvmf_rpc::serve_unix(&args.rpc_socket, module.clone(), Default::default()) {
+    let rpc_opts = match rpc_options(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            drop(control);
+            stop_reactors(reactors);
+            return Err(e);
+        }
+    };
+    let unix = match nvmf_rpc::serve_unix(&args.rpc_socket, module.clone(), rpc_opts.clone()) {
         Ok(s) => s,
         Err(e) => {
             drop(control);
@@ -153,7 +182,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let tcp = match &args.rpc_listen {
         Some(addr) => Some(
-            nvmf_rpc::serve_tcp(addr, module, Default::default())
+            nvmf_rpc::serve_tcp(addr, module, rpc_opts)
                 .with_context(|| format!("cannot serve JSON-RPC on {addr}"))?,
         ),
         None => None,

@@ -38,6 +38,9 @@ fn d_max_queue_depth() -> u16 {
 fn d_max_io_qpairs_per_ctrlr() -> u16 {
     127
 }
+/// Largest in-capsule data accepted (each receive slot holds this much).
+pub const MAX_IN_CAPSULE_DATA_SIZE: u32 = 1 << 20;
+
 fn d_in_capsule_data_size() -> u32 {
     4096
 }
@@ -266,6 +269,17 @@ impl TransportOptions {
                 &format!(
                     "{} must be a multiple of 16 (IOCCSZ counts 16-byte units)",
                     self.in_capsule_data_size
+                ),
+            );
+        }
+        // Every receive slot carries this much: a huge value must be an error here, not an
+        // allocation that aborts the process (the kernel's nvmet-rdma stops at 16 KiB).
+        if self.in_capsule_data_size > self.max_io_size.min(MAX_IN_CAPSULE_DATA_SIZE) {
+            return refuse(
+                "in_capsule_data_size",
+                &format!(
+                    "{} exceeds max_io_size {} or {MAX_IN_CAPSULE_DATA_SIZE}",
+                    self.in_capsule_data_size, self.max_io_size
                 ),
             );
         }
@@ -509,6 +523,14 @@ mod tests {
                 "max_aq_depth",
             ),
             (json!({"trtype": "RDMA", "io_unit_size": 0}), "io_unit_size"),
+            (
+                json!({"trtype": "RDMA", "in_capsule_data_size": 0xFFFF_FFF0u32}),
+                "in_capsule_data_size",
+            ),
+            (
+                json!({"trtype": "RDMA", "in_capsule_data_size": 2 << 20, "max_io_size": 4 << 20}),
+                "in_capsule_data_size",
+            ),
             (
                 json!({"trtype": "RDMA", "io_unit_size": 4096, "max_io_size": 131072}),
                 "io_unit_size",
