@@ -513,6 +513,19 @@ fn spawn_accept(
     Ok((stop, thread))
 }
 
+/// Serves one already-connected stream until it closes, without a listener: the same
+/// framing, limits and dispatch a Unix client gets (no token). For fuzzers and tests that
+/// drive the byte stream through an in-memory pipe.
+pub async fn serve_stream<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    module: Arc<RpcModule<()>>,
+    opts: &ServerOptions,
+) {
+    // The sender stays alive for the whole connection: a dropped one would read as "stop".
+    let (_stop, stopped) = watch::channel(false);
+    serve_connection(stream, module, opts, None, stopped).await;
+}
+
 async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     module: Arc<RpcModule<()>>,

@@ -9,7 +9,7 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crossbeam::queue::SegQueue;
 use nvmf_common::buffer::BufferPool;
@@ -81,6 +81,8 @@ impl Drop for LoopbackHostQueue {
 pub struct LoopbackTransport {
     inbox: Arc<SegQueue<(Arc<Wire>, Option<ListenAddress>)>>,
     limits: TransportLimits,
+    /// Each poll group's data pool (clones share it), for [`LoopbackTransport::pools`].
+    pools: Arc<Mutex<Vec<BufferPool>>>,
 }
 
 impl LoopbackTransport {
@@ -88,7 +90,14 @@ impl LoopbackTransport {
         Self {
             inbox: Arc::new(SegQueue::new()),
             limits,
+            pools: Arc::default(),
         }
+    }
+
+    /// The data pools of the poll groups made so far: tests check that an idle target has
+    /// every buffer back, and prime buffers with a pattern that must never reach a host.
+    pub fn pools(&self) -> Vec<BufferPool> {
+        self.pools.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Opens a new queue pair through no particular listener; the next poll of a poll
@@ -111,11 +120,14 @@ impl LoopbackTransport {
     pub fn poll_group(&self, index: u8) -> Box<dyn TransportPollGroup> {
         let buf_size = (self.limits.max_transfer() as usize).max(4096);
         let count = u32::from(self.limits.max_queue_depth) * 2;
+        let pool = BufferPool::new(buf_size, count).expect("loopback buffer pool");
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        pools.push(pool.clone());
         Box::new(LoopbackPollGroup {
             index,
             inbox: Arc::clone(&self.inbox),
             limits: self.limits,
-            pool: BufferPool::new(buf_size, count).expect("loopback buffer pool"),
+            pool,
             qpairs: Vec::new(),
             waiting_for_buffer: VecDeque::new(),
         })

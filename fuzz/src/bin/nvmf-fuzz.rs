@@ -1,0 +1,96 @@
+//! Runs the fuzz targets.
+//!
+//!     nvmf-fuzz run TARGET SECONDS [SEED]   the seeded mutator over the seed corpus (CI)
+//!     nvmf-fuzz one TARGET [FILE]           one input from FILE or stdin (afl-fuzz, replay)
+//!     nvmf-fuzz seeds DIR                   writes the generated capsule seeds to DIR
+//!
+//! TARGET is capsule, rpc-stream or rpc-dispatch.
+
+use std::io::Read;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use nvmf_fuzz::driver::{self, Budget};
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: nvmf-fuzz run TARGET SECONDS [SEED] | nvmf-fuzz one TARGET [FILE]\n\
+         targets: {}",
+        nvmf_fuzz::TARGETS.join(", ")
+    );
+    ExitCode::from(64)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let (Some("seeds"), Some(dir)) = (args.first().map(String::as_str), args.get(1)) {
+        for (name, bytes) in nvmf_fuzz::capsule::seeds() {
+            if let Err(e) = std::fs::write(std::path::Path::new(dir).join(name), bytes) {
+                eprintln!("nvmf-fuzz: {dir}/{name}: {e}");
+                return ExitCode::from(73);
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    let (Some(mode), Some(name)) = (args.first(), args.get(1)) else {
+        return usage();
+    };
+    let Some(target) = nvmf_fuzz::target(name) else {
+        return usage();
+    };
+    match mode.as_str() {
+        "run" => {
+            let Some(secs) = args.get(2).and_then(|s| s.parse::<u64>().ok()) else {
+                return usage();
+            };
+            let seed = args.get(3).and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_secs())
+            });
+            let seeds: Vec<Vec<u8>> = driver::load_corpus(&nvmf_fuzz::corpus_dir(name))
+                .into_iter()
+                .map(|(_, b)| b)
+                .collect();
+            let out = std::env::temp_dir().join("nvmf-fuzz-crashes");
+            let started = Instant::now();
+            let budget = Budget {
+                iterations: u64::MAX,
+                time: Duration::from_secs(secs),
+            };
+            let max_len = if name == "capsule" {
+                nvmf_fuzz::capsule::MAX_INPUT
+            } else {
+                nvmf_fuzz::rpc::MAX_INPUT
+            };
+            let execs = driver::run(target, &seeds, seed, budget, max_len, Some(&out));
+            let secs = started.elapsed().as_secs_f64();
+            println!(
+                "{name}: {execs} inputs in {secs:.1} s ({:.0}/s), {} seeds, seed {seed}: no invariant broken",
+                execs as f64 / secs,
+                seeds.len()
+            );
+            ExitCode::SUCCESS
+        }
+        "one" => {
+            let data = match args.get(2) {
+                Some(path) => std::fs::read(path),
+                None => {
+                    let mut v = Vec::new();
+                    std::io::stdin().read_to_end(&mut v).map(|_| v)
+                }
+            };
+            match data {
+                Ok(data) => {
+                    target(&data);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("nvmf-fuzz: {e}");
+                    ExitCode::from(66)
+                }
+            }
+        }
+        _ => usage(),
+    }
+}
