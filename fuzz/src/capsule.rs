@@ -223,6 +223,95 @@ pub fn run(data: &[u8]) -> Report {
     report
 }
 
+/// Where each record's header starts (the op byte; the SQE follows, then the length).
+fn record_offsets(data: &[u8]) -> Vec<usize> {
+    let mut offsets = Vec::new();
+    let mut at = 0;
+    while data.len() >= at + 65 {
+        offsets.push(at);
+        let len_at = at + 65;
+        let len = match data.get(len_at..len_at + 2) {
+            Some(b) => usize::from(u16::from_le_bytes([b[0], b[1]])).min(MAX_HOST_BUFFER),
+            None => 0,
+        };
+        at = (len_at + 2 + len).min(data.len());
+    }
+    offsets
+}
+
+/// Opcodes worth landing on: admin, fabrics (0x7f) and NVM I/O, plus unassigned ones.
+const OPCODES: &[u8] = &[
+    0x00, 0x01, 0x02, 0x04, 0x05, 0x06, 0x08, 0x09, 0x0a, 0x0c, 0x0d, 0x10, 0x11, 0x18, 0x19, 0x7c,
+    0x7f, 0x80, 0x81, 0xc0, 0xff,
+];
+/// SGL descriptor identifiers (type << 4 | subtype): data block, bit bucket, segment, last
+/// segment, keyed data block with and without invalidate, and reserved ones.
+const SGL_IDS: &[u8] = &[
+    0x00, 0x01, 0x10, 0x20, 0x30, 0x40, 0x4f, 0x4e, 0x50, 0x5a, 0xf0, 0xff,
+];
+/// Fabrics command types: Property Set/Get, Connect, Authentication, Disconnect, reserved.
+const FCTYPES: &[u8] = &[0x00, 0x01, 0x04, 0x05, 0x06, 0x08, 0x0c, 0x7f, 0xff];
+
+/// Mutates one capsule's header where parsing decides things: op byte, opcode, flags
+/// (FUSE, PSDT), CID, NSID, SGL address/length/key/identifier, fabrics type, CDW10-15,
+/// and the host memory length.
+// The signature is the driver's StructureMutator, whose mutators may resize the input.
+#[allow(clippy::ptr_arg)]
+pub fn mutate(rng: &mut crate::driver::Rng, data: &mut Vec<u8>) {
+    let offsets = record_offsets(data);
+    if offsets.is_empty() {
+        return;
+    }
+    let r = offsets[rng.below(offsets.len())];
+    let sqe = r + 1;
+    let word = |rng: &mut crate::driver::Rng| -> u32 {
+        match rng.below(4) {
+            0 => 0,
+            1 => u32::MAX,
+            2 => 1 << rng.below(32),
+            _ => rng.next_u64() as u32,
+        }
+    };
+    match rng.below(11) {
+        0 => data[r] = rng.next_u64() as u8 & 0x0f,
+        1 => data[sqe] = OPCODES[rng.below(OPCODES.len())],
+        2 => data[sqe + 1] = [0x00, 0x40, 0x41, 0x42, 0x43, 0x80, 0xc0][rng.below(7)],
+        3 => {
+            let cid = [0u16, 1, 2, 0xffff, rng.next_u64() as u16][rng.below(5)];
+            data[sqe + 2..sqe + 4].copy_from_slice(&cid.to_le_bytes());
+        }
+        4 => {
+            let nsid = [0u32, 1, 2, 0xffff_ffff, 0xffff_fffe][rng.below(5)];
+            data[sqe + 4..sqe + 8].copy_from_slice(&nsid.to_le_bytes());
+        }
+        // SGL: address (bytes 24..32), length (32..35 keyed, 32..36 unkeyed), key, identifier.
+        5 => data[sqe + 39] = SGL_IDS[rng.below(SGL_IDS.len())],
+        6 => {
+            let v = word(rng);
+            data[sqe + 32..sqe + 36].copy_from_slice(&v.to_le_bytes());
+        }
+        7 => {
+            let v = [0u64, 1, 4096, u64::MAX, rng.next_u64()][rng.below(5)];
+            data[sqe + 24..sqe + 32].copy_from_slice(&v.to_le_bytes());
+        }
+        8 => data[sqe + 4] = FCTYPES[rng.below(FCTYPES.len())],
+        9 => {
+            let dw = 10 + rng.below(6);
+            let v = word(rng);
+            data[sqe + dw * 4..sqe + dw * 4 + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        _ => {
+            // The host memory length; the bytes of the records after it stay where they are,
+            // so a longer length swallows them (as host data) and a shorter one exposes data
+            // as the next record.
+            let len = [0u16, 1, 15, 16, 512, 1024, 4096, 8192, 0xffff][rng.below(9)];
+            if data.len() >= sqe + 66 {
+                data[sqe + 64..sqe + 66].copy_from_slice(&len.to_le_bytes());
+            }
+        }
+    }
+}
+
 /// Encodes capsules as one input (see the module doc for the format).
 pub fn encode(records: &[(u8, Capsule)]) -> Vec<u8> {
     use zerocopy::IntoBytes;

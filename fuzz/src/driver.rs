@@ -130,11 +130,15 @@ pub struct Budget {
     pub time: Duration,
 }
 
+/// A mutation that knows the input's structure (see [`crate::capsule::mutate`]).
+pub type StructureMutator = fn(&mut Rng, &mut Vec<u8>);
+
 /// Runs every seed once, then mutated inputs until the budget is spent. Returns how many
 /// inputs ran. A failing input is saved as `<out>/crash-<seed>-<iteration>` before the
-/// panic is passed on.
+/// panic is passed on. With `structure`, half the inputs get its mutation as well.
 pub fn run(
     target: fn(&[u8]),
+    structure: Option<StructureMutator>,
     seeds: &[Vec<u8>],
     seed: u64,
     budget: Budget,
@@ -173,7 +177,18 @@ pub fn run(
             &seeds[rng.below(seeds.len())]
         };
         let mut input = base.clone();
-        mutate(&mut rng, &mut input, other, max_len);
+        match structure {
+            Some(m) if rng.below(2) == 0 => {
+                for _ in 0..1 + rng.below(3) {
+                    m(&mut rng, &mut input);
+                }
+                if rng.below(4) == 0 {
+                    mutate(&mut rng, &mut input, other, max_len);
+                }
+            }
+            _ => mutate(&mut rng, &mut input, other, max_len),
+        }
+        input.truncate(max_len);
         run_one(&input, execs);
         execs += 1;
     }

@@ -22,6 +22,11 @@ pub fn target(name: &str) -> Option<fn(&[u8])> {
     }
 }
 
+/// The structure-aware mutation of a target, if it has one.
+pub fn structure(name: &str) -> Option<driver::StructureMutator> {
+    (name == "capsule").then_some(capsule::mutate as driver::StructureMutator)
+}
+
 pub const TARGETS: &[&str] = &["capsule", "rpc-stream", "rpc-dispatch"];
 
 /// The seed corpus of a target, from `fuzz/corpus/<dir>`.

@@ -21,7 +21,8 @@ fn fuzz(target: &str, max_len: usize, iterations: u64) {
         time: Duration::from_secs(20),
     };
     let seeds = seeds(target);
-    let ran = driver::run(f, &seeds, 0x5eed, budget, max_len, None);
+    let structure = nvmf_fuzz::structure(target);
+    let ran = driver::run(f, structure, &seeds, 0x5eed, budget, max_len, None);
     assert!(ran >= seeds.len() as u64);
 }
 

@@ -15,7 +15,7 @@
 //! - A request larger than [`ServerOptions::max_request_bytes`] (4 MiB by default): `-32600`
 //!   naming the limit, then close; the buffer never grows past the limit plus one read.
 //! - A client silent for [`ServerOptions::idle_timeout`] (60 s) is closed; beyond
-//!   [`ServerOptions::max_connections`] (32) a new client gets `-32002` and is closed.
+//!   [`ServerOptions::max_connections`] (64) a new client gets `-32002` and is closed.
 //!
 //! Access: the Unix socket is created 0600 (or 0660 for a group) by binding in a private
 //! directory and renaming into place; another user's file, a symlink, or a socket a live
@@ -59,7 +59,8 @@ pub struct ServerOptions {
     /// Largest request (or batch) accepted on one connection, in bytes (4 MiB: the largest
     /// SPDK request, a `bdev_malloc_create` or a subsystem with many hosts, is a few KiB).
     pub max_request_bytes: usize,
-    /// Clients served at once on one listener; one more is answered an error and closed.
+    /// Clients served at once on one listener (SPDK_JSONRPC_MAX_CONNS); one more is
+    /// answered an error and closed.
     pub max_connections: usize,
     /// A connection that sends nothing for this long while no request of its own is running
     /// is closed (rpc.py opens one connection per invocation and waits 60 s for an answer).
@@ -77,7 +78,7 @@ impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             max_request_bytes: 4 << 20,
-            max_connections: 32,
+            max_connections: 64,
             idle_timeout: Duration::from_secs(60),
             socket_mode: 0o600,
             socket_group: None,

@@ -259,7 +259,7 @@ fn connection_count_is_bounded() {
         max_connections: 2,
         ..Default::default()
     };
-    assert_eq!(ServerOptions::default().max_connections, 32);
+    assert_eq!(ServerOptions::default().max_connections, 64);
     let _h = serve(&path, opts).unwrap();
     let mut a = unix(&path);
     let mut b = unix(&path);

@@ -63,7 +63,8 @@ fn main() -> ExitCode {
             } else {
                 nvmf_fuzz::rpc::MAX_INPUT
             };
-            let execs = driver::run(target, &seeds, seed, budget, max_len, Some(&out));
+            let structure = nvmf_fuzz::structure(name);
+            let execs = driver::run(target, structure, &seeds, seed, budget, max_len, Some(&out));
             let secs = started.elapsed().as_secs_f64();
             println!(
                 "{name}: {execs} inputs in {secs:.1} s ({:.0}/s), {} seeds, seed {seed}: no invariant broken",
