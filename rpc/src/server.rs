@@ -334,20 +334,37 @@ fn bind_private(
     let name = path
         .file_name()
         .ok_or_else(|| at(io::ErrorKind::InvalidInput.into()))?;
-    let tmp_dir = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let tmp = tmp_dir.join("s");
-    if path.as_os_str().as_bytes().len() > 107 || tmp.as_os_str().as_bytes().len() > 107 {
+    if path.as_os_str().as_bytes().len() > 107 {
         return Err(ServeError::PathTooLong(path.into()));
     }
-    let _ = std::fs::remove_dir_all(&tmp_dir);
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&tmp_dir)
-        .map_err(at)?;
+    // A name nobody else chose: mkdir never follows or reuses an existing entry (a directory
+    // or symlink planted under a guessable name makes it fail, and the next name is tried).
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut made = None;
+    for attempt in 0..16u32 {
+        let candidate = dir.join(format!(
+            ".{}.{}.{:x}.tmp",
+            name.to_string_lossy(),
+            std::process::id(),
+            nanos.wrapping_add(attempt.wrapping_mul(0x9e37_79b9))
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&candidate) {
+            Ok(()) => {
+                made = Some(candidate);
+                break;
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(at(e)),
+        }
+    }
+    let tmp_dir = made.ok_or_else(|| at(io::ErrorKind::AlreadyExists.into()))?;
+    let tmp = tmp_dir.join("s");
+    if tmp.as_os_str().as_bytes().len() > 107 {
+        let _ = std::fs::remove_dir(&tmp_dir);
+        return Err(ServeError::PathTooLong(path.into()));
+    }
     let result = (|| {
         let listener = std::os::unix::net::UnixListener::bind(&tmp)?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(opts.socket_mode))?;

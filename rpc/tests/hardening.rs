@@ -431,3 +431,28 @@ fn token_files_must_be_private_and_long_enough() {
     assert!(AuthToken::from_file(&dir.join("missing")).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn planted_entries_beside_the_path_are_left_alone() {
+    let path = socket_path("planted");
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let victim = std::env::temp_dir().join(format!("nvmf-rpc-victim-{}", std::process::id()));
+    std::fs::create_dir_all(&victim).unwrap();
+    std::fs::write(victim.join("keep"), b"keep").unwrap();
+    // What an earlier version's temporary directory was called, now a symlink elsewhere.
+    let planted = path
+        .parent()
+        .unwrap()
+        .join(format!(".{name}.{}.tmp", std::process::id()));
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let h = serve(&path, ServerOptions::default()).unwrap();
+    assert_eq!(std::fs::read(victim.join("keep")).unwrap(), b"keep");
+    assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 1);
+    assert!(std::fs::symlink_metadata(&planted)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    h.shutdown();
+    std::fs::remove_file(&planted).unwrap();
+    std::fs::remove_dir_all(&victim).unwrap();
+}
