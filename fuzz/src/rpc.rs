@@ -168,8 +168,13 @@ pub fn snapshot(call: &CallFn) -> Value {
 }
 
 pub fn fuzz_dispatch(data: &[u8]) {
+    check_dispatch(&guarded(call_fn(control())), data);
+}
+
+/// Sends every request of `data` to `call`; panics when a failing call changed the
+/// configuration.
+pub fn check_dispatch(call: &CallFn, data: &[u8]) {
     let names = method_names();
-    let call = guarded(call_fn(control()));
     let picker = data.first().copied().unwrap_or(0);
     // One value per line (a mutation breaks one request, not the rest), or a stream of
     // values on one line.
@@ -189,9 +194,9 @@ pub fn fuzz_dispatch(data: &[u8]) {
                 (m.to_string(), Some(other.clone()))
             }
         };
-        let before = snapshot(&call);
+        let before = snapshot(call);
         if let Err(e) = call(&method, params.clone()) {
-            let after = snapshot(&call);
+            let after = snapshot(call);
             assert_eq!(
                 before, after,
                 "{method} failed ({e}) but changed the configuration; params: {params:?}"

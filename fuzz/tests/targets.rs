@@ -104,3 +104,19 @@ fn mutations_are_reproducible() {
     assert_eq!(x, y);
     assert!(x.len() <= 256);
 }
+
+/// The dispatch checker catches a handler that fails after changing something.
+#[test]
+#[should_panic(expected = "failed (half-done")]
+fn dispatch_checker_catches_a_half_done_failure() {
+    let real = nvmf_target::rpc::call_fn(nvmf_fuzz::rpc::control());
+    let broken: nvmf_rpc::CallFn = std::sync::Arc::new(move |method: &str, params| {
+        let r = real(method, params);
+        if method == "nvmf_create_subsystem" {
+            return Err(nvmf_rpc::RpcError::internal("half-done"));
+        }
+        r
+    });
+    let req = br#"{"jsonrpc":"2.0","method":"nvmf_create_subsystem","id":1,"params":{"nqn":"nqn.2016-06.io.spdk:x"}}"#;
+    nvmf_fuzz::rpc::check_dispatch(&broken, req);
+}
