@@ -1,7 +1,8 @@
 //! SPDK's JSON-RPC methods over the control-plane [`Target`]: one params struct
 //! (`deny_unknown_fields`, SPDK's names and defaults) and one handler per method, in
 //! [`framework`] (`rpc_get_methods`, `framework_*` and the SPDK framework settings a saved config
-//! carries), [`bdev`] and [`nvmf`].
+//! carries), [`spdk_settings`] (more settings of SPDK modules absent here), [`bdev`] and
+//! [`nvmf`]. [`config_loader`] replays SPDK saved configs (`nvmf-tgt -c FILE`).
 //!
 //! Errors follow SPDK: malformed params (missing, mistyped or unknown field) are `-32602` with a
 //! message naming the field, unknown methods `-32601`, a method called in the wrong init state
@@ -23,9 +24,15 @@ use crate::transport::options::TransportOptions;
 use crate::transport::Transport;
 
 pub mod bdev;
+pub mod config_loader;
 pub mod framework;
 pub mod nvmf;
+pub mod spdk_settings;
 
+pub use config_loader::{load_config, load_config_with, LoadOptions, LoadReport};
+
+#[cfg(test)]
+mod config_loader_tests;
 #[cfg(test)]
 mod tests;
 
@@ -179,6 +186,22 @@ pub static METHODS: &[Method] = &[
         framework::sock_set_default_impl,
     ),
     m("vmd_enable", Always, framework::vmd_enable),
+    // More settings of SPDK modules absent here, inert (see spdk_settings.rs).
+    m(
+        "bdev_raid_set_options",
+        Always,
+        spdk_settings::bdev_raid_set_options,
+    ),
+    m(
+        "bdev_iscsi_set_options",
+        Always,
+        spdk_settings::bdev_iscsi_set_options,
+    ),
+    m(
+        "keyring_linux_set_options",
+        Always,
+        spdk_settings::keyring_linux_set_options,
+    ),
     m(
         "nvmf_set_max_subsystems",
         Always,
@@ -374,100 +397,13 @@ pub fn einval(message: impl Into<String>) -> RpcError {
 pub enum ConfigError {
     #[error("invalid config: {0}")]
     Format(String),
-    #[error("subsystem {subsystem}, entry {index} ({method}): {error}")]
+    #[error("subsystem {subsystem}, entry {index}{} ({method}): {error}", batch_item.map(|i| format!(", batch item {i}")).unwrap_or_default())]
     Entry {
         subsystem: String,
         index: usize,
+        /// Position inside a batch entry (SPDK 26.x `save_config --with-batches`).
+        batch_item: Option<usize>,
         method: String,
         error: RpcError,
     },
-}
-
-/// Replays an SPDK saved config (`{"subsystems": [{"subsystem": .., "config": [{"method": ..,
-/// "params": ..}, ..]}, ..]}`) through [`dispatch`], in order, as SPDK's JSON config loader does:
-/// when waiting for RPC, first the entries allowed before init (in file order), then
-/// `framework_start_init`, then the rest in file order. Stops at the first failing entry,
-/// naming it; entries before it stay applied (SPDK's loader, too, does not undo them).
-pub fn load_config(control: &mut Control, json: &Value) -> Result<(), ConfigError> {
-    let subsystems = json
-        .get("subsystems")
-        .and_then(Value::as_array)
-        .ok_or_else(|| ConfigError::Format("missing \"subsystems\" array".into()))?;
-    let mut entries = Vec::new();
-    for (si, sub) in subsystems.iter().enumerate() {
-        let name = sub
-            .get("subsystem")
-            .and_then(Value::as_str)
-            .ok_or_else(|| {
-                ConfigError::Format(format!("subsystems[{si}] has no \"subsystem\" name"))
-            })?;
-        let config = match sub.get("config") {
-            None | Some(Value::Null) => continue,
-            Some(Value::Array(c)) => c,
-            Some(_) => {
-                return Err(ConfigError::Format(format!(
-                    "subsystem {name}: \"config\" is not an array"
-                )))
-            }
-        };
-        for (index, entry) in config.iter().enumerate() {
-            let method = entry.get("method").and_then(Value::as_str).ok_or_else(|| {
-                ConfigError::Format(format!(
-                    "subsystem {name}, entry {index}: no \"method\" string"
-                ))
-            })?;
-            entries.push((
-                name.to_string(),
-                index,
-                method.to_string(),
-                entry.get("params").cloned(),
-            ));
-        }
-    }
-    // Refuse unknown methods before running anything.
-    if let Some((subsystem, index, method, _)) =
-        entries.iter().find(|e| find_method(&e.2).is_none())
-    {
-        return Err(ConfigError::Entry {
-            subsystem: subsystem.clone(),
-            index: *index,
-            method: method.clone(),
-            error: RpcError::new(
-                RpcError::METHOD_NOT_FOUND,
-                format!("Method not found: {method}"),
-            ),
-        });
-    }
-    let run = |control: &mut Control, e: &(String, usize, String, Option<Value>)| {
-        dispatch(control, &e.2, e.3.clone())
-            .map(|_| ())
-            .map_err(|error| ConfigError::Entry {
-                subsystem: e.0.clone(),
-                index: e.1,
-                method: e.2.clone(),
-                error,
-            })
-    };
-    if control.init_state == InitState::WaitingForRpc {
-        let (early, late): (Vec<_>, Vec<_>) = entries.into_iter().partition(|e| {
-            find_method(&e.2).is_some_and(|m| m.allowed.permits(InitState::WaitingForRpc))
-        });
-        for e in &early {
-            run(control, e)?;
-        }
-        dispatch(control, "framework_start_init", None).map_err(|error| ConfigError::Entry {
-            subsystem: "framework".into(),
-            index: 0,
-            method: "framework_start_init".into(),
-            error,
-        })?;
-        for e in &late {
-            run(control, e)?;
-        }
-    } else {
-        for e in &entries {
-            run(control, e)?;
-        }
-    }
-    Ok(())
 }

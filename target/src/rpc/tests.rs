@@ -70,7 +70,7 @@ fn factory() -> TransportFactory {
     })
 }
 
-fn control() -> Control {
+pub(super) fn control() -> Control {
     Control::new(Target::new(Arc::new(TargetInfo::default())), factory())
 }
 
@@ -80,7 +80,7 @@ fn call(c: &mut Control, method: &str, params: Value) -> Result<Value, RpcError>
 }
 
 #[track_caller]
-fn ok(c: &mut Control, method: &str, params: Value) -> Value {
+pub(super) fn ok(c: &mut Control, method: &str, params: Value) -> Value {
     match call(c, method, params.clone()) {
         Ok(v) => v,
         Err(e) => panic!("{method} {params}: {e}"),
@@ -88,7 +88,7 @@ fn ok(c: &mut Control, method: &str, params: Value) -> Value {
 }
 
 /// Everything the RPCs can see.
-fn snapshot(c: &mut Control) -> Value {
+pub(super) fn snapshot(c: &mut Control) -> Value {
     json!({
         "bdev": ok(c, "framework_get_config", json!({"name": "bdev"})),
         "nvmf": ok(c, "framework_get_config", json!({"name": "nvmf"})),
@@ -1336,7 +1336,7 @@ fn framework_settings_accept_defaults_and_refuse_the_rest() {
     );
 }
 
-fn saved_config(c: &mut Control) -> Value {
+pub(super) fn saved_config(c: &mut Control) -> Value {
     json!({"subsystems": [
         {"subsystem": "bdev", "config": ok(c, "framework_get_config", json!({"name": "bdev"}))},
         {"subsystem": "nvmf", "config": ok(c, "framework_get_config", json!({"name": "nvmf"}))},
@@ -1440,6 +1440,7 @@ fn load_config_errors_name_the_entry() {
             index,
             method,
             error,
+            ..
         } => {
             assert_eq!(
                 (subsystem.as_str(), index, method.as_str()),
