@@ -38,6 +38,10 @@ struct nvmf_fio_options {
 	unsigned int copy;
 	unsigned int idle_spin;
 	unsigned int idle_sleep_us;
+	char *hostnqn;
+	int print_qid_mappings;
+	int spdk_int[21];
+	char *spdk_str[3];
 };
 
 static struct fio_option options[] = {
@@ -124,6 +128,262 @@ static struct fio_option options[] = {
 		.group = FIO_OPT_G_INVALID,
 	},
 	{
+		.name = "hostnqn",
+		.lname = "Host NQN (SPDK plugin option)",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct nvmf_fio_options, hostnqn),
+		.help = "Host NQN where the file name has no hostnqn=",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "print_qid_mappings",
+		.lname = "Print the qpair of each file (SPDK plugin option)",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, print_qid_mappings),
+		.def = "0",
+		.help = "Print which I/O queue each file uses",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "enable_wrr",
+		.lname = "SPDK plugin option enable_wrr",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[0]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "arbitration_burst",
+		.lname = "SPDK plugin option arbitration_burst",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[1]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "low_weight",
+		.lname = "SPDK plugin option low_weight",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[2]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "medium_weight",
+		.lname = "SPDK plugin option medium_weight",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[3]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "high_weight",
+		.lname = "SPDK plugin option high_weight",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[4]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "wrr_priority",
+		.lname = "SPDK plugin option wrr_priority",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[5]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "enable_interrupts",
+		.lname = "SPDK plugin option enable_interrupts",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[6]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "mem_size_mb",
+		.lname = "SPDK plugin option mem_size_mb",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[7]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "shm_id",
+		.lname = "SPDK plugin option shm_id",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[8]),
+		.def = "-1",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "enable_sgl",
+		.lname = "SPDK plugin option enable_sgl",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[9]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "sge_size",
+		.lname = "SPDK plugin option sge_size",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[10]),
+		.def = "4096",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "disable_pcie_sgl_merge",
+		.lname = "SPDK plugin option disable_pcie_sgl_merge",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[11]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "bit_bucket_data_len",
+		.lname = "SPDK plugin option bit_bucket_data_len",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[12]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "pi_act",
+		.lname = "SPDK plugin option pi_act",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[13]),
+		.def = "1",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "md_per_io_size",
+		.lname = "SPDK plugin option md_per_io_size",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[14]),
+		.def = "4096",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "apptag",
+		.lname = "SPDK plugin option apptag",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[15]),
+		.def = "0x1234",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "apptag_mask",
+		.lname = "SPDK plugin option apptag_mask",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[16]),
+		.def = "0xffff",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "enable_vmd",
+		.lname = "SPDK plugin option enable_vmd",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[17]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "spdk_tracing",
+		.lname = "SPDK plugin option spdk_tracing",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[18]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "initial_zone_reset",
+		.lname = "SPDK plugin option initial_zone_reset",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[19]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "zone_append",
+		.lname = "SPDK plugin option zone_append",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_int[20]),
+		.def = "0",
+		.help = "Accepted for SPDK job files; no effect here (a notice if not the default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "pi_chk",
+		.lname = "SPDK plugin option pi_chk",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_str[0]),
+		.help = "Accepted for SPDK job files; no effect here (a notice if set)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "digest_enable",
+		.lname = "SPDK plugin option digest_enable",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_str[1]),
+		.help = "Accepted for SPDK job files; no effect here (a notice if set)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "log_flags",
+		.lname = "SPDK plugin option log_flags",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct nvmf_fio_options, spdk_str[2]),
+		.help = "Accepted for SPDK job files; no effect here (a notice if set)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
 		.name = NULL,
 	},
 };
@@ -152,6 +412,7 @@ static struct nvmf_fio_thread *nvmf_thread(struct thread_data *td)
 {
 	struct nvmf_fio_options *o = td->eo;
 	struct nvmf_fio_opts opts;
+	int i;
 
 	if (td->io_ops_data)
 		return td->io_ops_data;
@@ -163,6 +424,12 @@ static struct nvmf_fio_thread *nvmf_thread(struct thread_data *td)
 	opts.copy = o->copy;
 	opts.idle_spin = nvmf_opt_or_env(o->idle_spin, "NVMF_FIO_IDLE_SPIN");
 	opts.idle_sleep_us = nvmf_opt_or_env(o->idle_sleep_us, "NVMF_FIO_IDLE_SLEEP_US");
+	opts.hostnqn = o->hostnqn;
+	opts.print_qid_mappings = o->print_qid_mappings;
+	for (i = 0; i < 21; i++)
+		opts.spdk_int[i] = o->spdk_int[i];
+	for (i = 0; i < 3; i++)
+		opts.spdk_str[i] = o->spdk_str[i];
 	td->io_ops_data = nvmf_fio_thread_new(&opts);
 	if (!td->io_ops_data)
 		nvmf_log_failure("engine state", NULL);

@@ -26,6 +26,11 @@ struct nvmf_fio_opts {
 	uint32_t copy;              /* always copy through bounce buffers */
 	uint32_t idle_spin;         /* empty polls before getevents gives the CPU away; 0: never */
 	uint32_t idle_sleep_us;     /* then sleep this long; 0: sched_yield */
+	/* SPDK's fio plugin options, so its job files run unchanged (fio/src/spdk_options.rs) */
+	const char *hostnqn;        /* NULL: the file name's hostnqn=, else the default */
+	uint32_t print_qid_mappings;
+	int32_t spdk_int[21];       /* no effect here; order of nvmf_spdk_int_names in the shim */
+	const char *spdk_str[3];    /* pi_chk, digest_enable, log_flags; NULL: not set */
 };
 
 enum nvmf_fio_op {

@@ -59,6 +59,10 @@ pub struct EngineOptions {
     pub force_copy: bool,
     /// How `getevents` waits.
     pub idle: Idle,
+    /// SPDK's `hostnqn` option: the host NQN where the file name gives none.
+    pub hostnqn: Option<String>,
+    /// SPDK's `print_qid_mappings`: say which qpair each file uses.
+    pub print_qid_mappings: bool,
 }
 
 /// How `getevents` waits for completions. Pure polling (the default, as SPDK) gives the
@@ -83,6 +87,8 @@ impl Default for EngineOptions {
             in_capsule_data: d.in_capsule_data,
             force_copy: false,
             idle: Idle::default(),
+            hostnqn: None,
+            print_qid_mappings: false,
         }
     }
 }
@@ -98,6 +104,38 @@ impl EngineOptions {
             ..ControllerOptions::default()
         }
     }
+}
+
+/// The subsystem a file name without `subnqn=` stands for: the first entry
+/// [`attach_plan`](nvmf_initiator::attach_plan) keeps (one file is one namespace).
+fn first_subsystem(
+    name: &str,
+    source: &TransportId,
+    log: &nvmf_initiator::DiscoveryLog,
+) -> Result<TransportId> {
+    let plan = nvmf_initiator::attach_plan(source, log);
+    for why in &plan.skipped {
+        tracing::info!("{name}: skipping {why}");
+    }
+    let mut it = plan.attach.into_iter();
+    let first = it.next().ok_or_else(|| {
+        EngineError::new(
+            libc::ENODEV,
+            format!(
+                "{name:?}: the discovery service at {}:{} lists no NVM subsystem",
+                source.traddr, source.trsvcid
+            ),
+        )
+    })?;
+    let others = it.count();
+    if others > 0 {
+        say!(
+            "{name}: the discovery service lists {} NVM subsystems; using {} (add subnqn= to choose)",
+            others + 1,
+            first.subnqn
+        );
+    }
+    Ok(first)
 }
 
 /// What fio asks for, independent of fio's own `DDIR_*` numbering.
@@ -191,6 +229,8 @@ pub struct EngineThread {
     scratch: Vec<IoCompletion>,
     /// Namespace facts found by `probe` (fio's setup), by file name.
     geometry: HashMap<String, NamespaceInfo>,
+    /// File names without `subnqn=`: the subsystem discovery chose, by file name.
+    discovered: HashMap<String, TransportId>,
     /// The smallest command (bytes) the probed namespaces take whole, and their largest
     /// block size: what fio's I/O memory is cut to.
     probed_limit: Option<u64>,
@@ -216,6 +256,7 @@ impl EngineThread {
             events: Vec::new(),
             scratch: Vec::new(),
             geometry: HashMap::new(),
+            discovered: HashMap::new(),
             probed_limit: None,
             probed_block: 0,
             pins: Vec::new(),
@@ -224,12 +265,30 @@ impl EngineThread {
         }
     }
 
-    fn parse(name: &str) -> Result<(TransportId, u32)> {
-        let tid: TransportId = name.parse()?;
+    /// The file's subsystem and namespace. A name without `subnqn=` (SPDK's plugin form,
+    /// `trtype=RDMA adrfam=IPv4 traddr=A trsvcid=4420 ns=1`) names a discovery service: the
+    /// file is the first NVM subsystem it lists, as with SPDK's plugin.
+    fn parse(&mut self, name: &str) -> Result<(TransportId, u32)> {
+        let mut tid: TransportId = name.parse()?;
+        if tid.hostnqn.is_none() {
+            tid.hostnqn.clone_from(&self.opts.hostnqn);
+        }
         if tid.is_discovery() {
-            return Err(EngineError::invalid(format!(
-                "{name:?}: no subnqn= (that is the discovery subsystem)"
-            )));
+            tid = match self.discovered.get(name) {
+                Some(t) => t.clone(),
+                None => {
+                    let log = nvmf_initiator::discover(&tid, &self.opts.controller_options())
+                        .map_err(|e| {
+                            EngineError::from(e).context(format!(
+                                "{name:?}: discovery at {}:{}",
+                                tid.traddr, tid.trsvcid
+                            ))
+                        })?;
+                    let chosen = first_subsystem(name, &tid, &log)?;
+                    self.discovered.insert(name.to_string(), chosen.clone());
+                    chosen
+                }
+            };
         }
         let ns = tid.ns.unwrap_or(1);
         if ns == 0 || ns == u32::MAX {
@@ -250,7 +309,7 @@ impl EngineThread {
 
     /// fio's setup: connects (or reuses) the controller and reads the namespace's size.
     pub fn probe(&mut self, name: &str) -> Result<NamespaceInfo> {
-        let (tid, nsid) = Self::parse(name)?;
+        let (tid, nsid) = self.parse(name)?;
         let ctrl = self.controller(&tid)?;
         let (info, max_xfer) = {
             let mut guard = ctrl.lock()?;
@@ -311,7 +370,7 @@ impl EngineThread {
         if self.depth == 0 {
             return Err(EngineError::invalid("open before init"));
         }
-        let (tid, nsid) = Self::parse(name)?;
+        let (tid, nsid) = self.parse(name)?;
         let ctrl = self.controller(&tid)?;
         let conn = match self.conns.iter().position(|c| Arc::ptr_eq(&c.ctrl, &ctrl)) {
             Some(i) => i,
@@ -356,6 +415,14 @@ impl EngineThread {
                 "copying through bounce buffers"
             }
         );
+        if self.opts.print_qid_mappings {
+            say!(
+                "{name}: {} namespace {} on qid {}",
+                tid.subnqn,
+                ns.nsid,
+                self.conns[conn].qp.qid()
+            );
+        }
         let handle = match self.files.iter().position(Option::is_none) {
             Some(i) => {
                 self.files[i] = Some(file);

@@ -19,6 +19,7 @@ use std::time::Duration;
 use nvmf_initiator::Reconnect;
 
 use crate::engine::{EngineOptions, EngineThread, Idle, Op, Queued};
+use crate::spdk_options::{SpdkOptions, INT_OPTIONS, STR_OPTIONS, ZONE_OPTIONS};
 
 // Every `unsafe extern "C" fn` below has the same `# Safety` requirement: the pointer
 // contract in the module documentation.
@@ -47,11 +48,58 @@ pub struct NvmfFioOpts {
     pub idle_spin: u32,
     /// Then sleep this many microseconds (0: yield).
     pub idle_sleep_us: u32,
+    /// SPDK's `hostnqn` option: null, or used when the file name has none.
+    pub hostnqn: *const c_char,
+    /// SPDK's `print_qid_mappings`.
+    pub print_qid_mappings: u32,
+    /// SPDK's integer options without effect here, in the order of
+    /// [`INT_OPTIONS`](crate::spdk_options::INT_OPTIONS) then `ZONE_OPTIONS`.
+    pub spdk_int: [i32; 21],
+    /// `pi_chk`, `digest_enable`, `log_flags` (null: not set).
+    pub spdk_str: [*const c_char; 3],
+}
+
+impl NvmfFioOpts {
+    /// SPDK's plugin options as given.
+    ///
+    /// # Safety
+    /// Each pointer is null or a NUL-terminated string that lives through the call.
+    unsafe fn spdk(&self) -> SpdkOptions {
+        // SAFETY: the caller's contract.
+        let text = |p: *const c_char| {
+            unsafe { p.as_ref() }
+                .map(|_| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        };
+        SpdkOptions {
+            hostnqn: text(self.hostnqn).filter(|h| !h.is_empty()),
+            print_qid_mappings: self.print_qid_mappings != 0,
+            ints: INT_OPTIONS
+                .iter()
+                .map(|o| (o.0, o.1))
+                .chain(ZONE_OPTIONS.iter().map(|&z| (z, 0)))
+                .zip(self.spdk_int)
+                .map(|((name, default), v)| (name, i64::from(v), default))
+                .collect(),
+            strs: STR_OPTIONS
+                .iter()
+                .zip(self.spdk_str)
+                .map(|(o, p)| (o.0, text(p)))
+                .collect(),
+        }
+    }
 }
 
 impl From<NvmfFioOpts> for EngineOptions {
     fn from(o: NvmfFioOpts) -> Self {
+        // SAFETY: the header's contract: strings are NUL-terminated or null, and live
+        // through nvmf_fio_thread_new.
+        let spdk = unsafe { o.spdk() };
+        for n in spdk.notices() {
+            say!("{n}");
+        }
         Self {
+            hostnqn: spdk.hostnqn,
+            print_qid_mappings: spdk.print_qid_mappings,
             kato: Duration::from_secs(o.kato_s.into()),
             io_timeout: Duration::from_secs(o.io_timeout_s.max(1).into()),
             reconnect: (o.reconnect_delay_s > 0).then(|| Reconnect {
@@ -431,6 +479,31 @@ pub extern "C" fn nvmf_fio_last_error() -> *const c_char {
 }
 
 #[cfg(test)]
+impl NvmfFioOpts {
+    /// SPDK's defaults for its options (what the shim passes when a job sets none).
+    fn spdk_defaults() -> Self {
+        let mut spdk_int = [0i32; 21];
+        for (slot, o) in spdk_int.iter_mut().zip(INT_OPTIONS) {
+            *slot = o.1 as i32;
+        }
+        Self {
+            kato_s: 5,
+            io_timeout_s: 30,
+            reconnect_delay_s: 0,
+            ctrl_loss_tmo_s: 600,
+            in_capsule: 1,
+            copy: 0,
+            idle_spin: 0,
+            idle_sleep_us: 0,
+            hostnqn: std::ptr::null(),
+            print_qid_mappings: 0,
+            spdk_int,
+            spdk_str: [std::ptr::null(); 3],
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::ptr::{null, null_mut};
@@ -456,6 +529,7 @@ mod tests {
                 copy: 0,
                 idle_spin: 0,
                 idle_sleep_us: 0,
+                ..NvmfFioOpts::spdk_defaults()
             };
             let t = nvmf_fio_thread_new(&opts);
             assert!(!t.is_null());
@@ -484,15 +558,21 @@ mod tests {
                 -libc::EINVAL
             );
 
+            // No subnqn=: SPDK's plugin form, which goes to the discovery service first
+            // (there is no RDMA device here, so that fails, and says so).
             let mut h = 99u32;
-            assert_eq!(
+            assert!(
                 nvmf_fio_open(
                     t,
                     c"trtype=RDMA traddr=10.0.0.1".as_ptr(),
                     &mut h,
                     null_mut()
-                ),
-                -libc::EINVAL
+                ) < 0
+            );
+            assert!(
+                last_error().contains("discovery at 10.0.0.1:4420"),
+                "{}",
+                last_error()
             );
             assert_eq!(h, 99);
 
@@ -564,6 +644,7 @@ mod tests {
             copy: 1,
             idle_spin: 100,
             idle_sleep_us: 20,
+            ..NvmfFioOpts::spdk_defaults()
         });
         assert!(o.kato.is_zero());
         assert_eq!(o.io_timeout, Duration::from_secs(1));
@@ -578,5 +659,37 @@ mod tests {
                 sleep: Duration::from_micros(20)
             }
         );
+    }
+
+    #[test]
+    fn spdk_options_from_c() {
+        let host = CString::new("nqn.2014-08.org.nvmexpress:uuid:h").unwrap();
+        let digest = CString::new("HEADER").unwrap();
+        let mut c = NvmfFioOpts::spdk_defaults();
+        c.hostnqn = host.as_ptr();
+        c.print_qid_mappings = 1;
+        c.spdk_int[9] = 1; // enable_sgl
+        c.spdk_str[1] = digest.as_ptr();
+        // SAFETY: the strings live through the call.
+        let s = unsafe { c.spdk() };
+        assert_eq!(
+            s.hostnqn.as_deref(),
+            Some("nqn.2014-08.org.nvmexpress:uuid:h")
+        );
+        assert!(s.print_qid_mappings);
+        let n = s.notices();
+        assert_eq!(n.len(), 2, "{n:#?}");
+        assert!(n[0].starts_with("enable_sgl=1"));
+        assert!(n[1].starts_with("digest_enable=HEADER"));
+        let o = EngineOptions::from(c);
+        assert_eq!(
+            o.hostnqn.as_deref(),
+            Some("nqn.2014-08.org.nvmexpress:uuid:h")
+        );
+        assert!(o.print_qid_mappings);
+        // SAFETY: as above.
+        assert!(unsafe { NvmfFioOpts::spdk_defaults().spdk() }
+            .notices()
+            .is_empty());
     }
 }

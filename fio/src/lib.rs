@@ -39,6 +39,7 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod registry;
+pub mod spdk_options;
 pub mod split;
 
 pub use engine::{EngineOptions, EngineThread, Event, Idle, Op, Queued};

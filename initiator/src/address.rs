@@ -4,7 +4,9 @@
 //! `spdk_nvme_perf -r` takes) and fio's `=` form (`trtype=RDMA ... ns=1`, what SPDK's fio
 //! plugin takes as a file name) both parse. Keys are case-insensitive; a value may contain `:`
 //! (NQNs do), so each pair splits at its first `:` or `=`. fio needs `:` escaped in file names
-//! (`\:`); the backslashes are dropped here.
+//! (`\:`); the backslashes are dropped here. Without `subnqn` the ID names the discovery
+//! service at that address; the tools then attach every NVM subsystem it lists
+//! ([`attach_plan`](crate::discovery::attach_plan)), as SPDK's do.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -243,5 +245,32 @@ mod tests {
             AddressError::Adrfam("IB".into())
         );
         assert_eq!(e("traddr:1.2.3.4 ns:x"), AddressError::Ns("x".into()));
+    }
+
+    #[test]
+    fn spdk_forms_without_subnqn_name_the_discovery_service() {
+        // spdk_nvme_perf's documented -r form and SPDK's fio plugin file name.
+        for s in [
+            "trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4420",
+            "trtype=RDMA adrfam=IPv4 traddr=10.0.0.1 trsvcid=4420 ns=1",
+            "trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4420 subnqn:nqn.2014-08.org.nvmexpress.discovery",
+        ] {
+            let t: TransportId = s.parse().unwrap();
+            assert!(t.is_discovery(), "{s}");
+            assert_eq!(t.socket_addr().unwrap(), "10.0.0.1:4420".parse().unwrap());
+        }
+        let t: TransportId =
+            "trtype=RDMA adrfam=IPv4 traddr=192.168.0.1 trsvcid=4420 ns=1 hostnqn=nqn.h:x"
+                .parse()
+                .unwrap();
+        assert_eq!(t.ns, Some(1));
+        assert_eq!(t.hostnqn.as_deref(), Some("nqn.h:x"));
+        assert_eq!(
+            t.discovery(),
+            TransportId {
+                ns: None,
+                ..t.clone()
+            }
+        );
     }
 }

@@ -304,7 +304,10 @@ impl Admin {
     /// Takes admin completions, sends a keep-alive when due, checks timeouts and the CM
     /// channel. An error means the association is broken.
     fn pump(&mut self) -> Result<()> {
-        let n = self.q.poll(&mut self.out).map_err(|f| self.fault(f))?;
+        let n = self
+            .q
+            .poll(&mut self.out, POLL_BATCH)
+            .map_err(|f| self.fault(f))?;
         for i in 0..n {
             let (cid, cqe) = self.out[i];
             if self.sync.is_some_and(|(c, _)| c == cid) {

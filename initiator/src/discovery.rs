@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use nvmf_common::spec::identify::nul_str;
-use nvmf_common::spec::log_page::RdmaTsas;
-use nvmf_common::spec::{DiscoveryLogEntry, DiscoveryLogHeader, LogPageId};
+use nvmf_common::spec::log_page::{AddressFamily as WireAdrfam, RdmaTsas, SubsystemType};
+use nvmf_common::spec::{DiscoveryLogEntry, DiscoveryLogHeader, LogPageId, DISCOVERY_NQN};
 use zerocopy::FromBytes;
 
-use crate::address::TransportId;
+use crate::address::{AddressFamily, TransportId};
 use crate::controller::{Controller, ControllerOptions};
 use crate::error::{Error, Result};
 
@@ -100,6 +100,89 @@ pub fn parse_log(raw: &[u8]) -> Result<DiscoveryLog> {
     })
 }
 
+/// What to attach when a transport ID names no subsystem, as `spdk_nvme_perf -r` and SPDK's
+/// fio plugin do: every NVM subsystem entry of the discovery log, at the entry's own
+/// address and port. Referrals and discovery entries are skipped (SPDK does not follow
+/// referrals either), as are entries of another transport and entries listed twice.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttachPlan {
+    /// The subsystems to connect, in log order; each keeps the source's `hostnqn` and `ns`.
+    pub attach: Vec<TransportId>,
+    /// One line per entry left out, and why.
+    pub skipped: Vec<String>,
+}
+
+/// Plans the attachments for `log`, read from the discovery service at `source`.
+pub fn attach_plan(source: &TransportId, log: &DiscoveryLog) -> AttachPlan {
+    let mut plan = AttachPlan::default();
+    for (i, e) in log.entries.iter().enumerate() {
+        let what = format!(
+            "discovery log entry {i} ({} at {}:{})",
+            e.subnqn, e.traddr, e.trsvcid
+        );
+        match SubsystemType(e.subtype) {
+            SubsystemType::NVME => {}
+            SubsystemType::REFERRAL => {
+                plan.skipped
+                    .push(format!("{what}: a referral to another discovery service"));
+                continue;
+            }
+            SubsystemType::CURRENT_DISCOVERY => {
+                plan.skipped
+                    .push(format!("{what}: the discovery subsystem itself"));
+                continue;
+            }
+            t => {
+                plan.skipped
+                    .push(format!("{what}: unknown subsystem type {}", t.0));
+                continue;
+            }
+        }
+        if e.subnqn == DISCOVERY_NQN {
+            plan.skipped
+                .push(format!("{what}: the discovery subsystem itself"));
+            continue;
+        }
+        if e.trtype != 1 {
+            plan.skipped
+                .push(format!("{what}: transport type {} (only RDMA)", e.trtype));
+            continue;
+        }
+        let adrfam = match WireAdrfam(e.adrfam) {
+            WireAdrfam::IPV4 => AddressFamily::IPv4,
+            WireAdrfam::IPV6 => AddressFamily::IPv6,
+            f => {
+                plan.skipped
+                    .push(format!("{what}: address family {} (only IPv4, IPv6)", f.0));
+                continue;
+            }
+        };
+        let Ok(trsvcid) = e.trsvcid.parse() else {
+            plan.skipped
+                .push(format!("{what}: trsvcid {:?} is not a port", e.trsvcid));
+            continue;
+        };
+        if e.traddr.is_empty() || e.subnqn.is_empty() {
+            plan.skipped.push(format!("{what}: no address or no NQN"));
+            continue;
+        }
+        let tid = TransportId {
+            adrfam,
+            traddr: e.traddr.clone(),
+            trsvcid,
+            subnqn: e.subnqn.clone(),
+            hostnqn: source.hostnqn.clone(),
+            ns: source.ns,
+        };
+        if plan.attach.contains(&tid) {
+            plan.skipped.push(format!("{what}: listed twice"));
+            continue;
+        }
+        plan.attach.push(tid);
+    }
+    plan
+}
+
 /// Reads the discovery log of a connected discovery controller.
 pub fn read_discovery_log(ctrl: &mut Controller) -> Result<DiscoveryLog> {
     for _ in 0..MAX_RETRIES {
@@ -182,5 +265,97 @@ mod tests {
         assert_eq!(tid.trsvcid, 4420);
         assert_eq!(tid.subnqn, e.subnqn);
         assert!(parse_log(&raw[..HEADER_LEN + 100]).is_err());
+    }
+
+    fn entry(
+        subtype: u8,
+        trtype: u8,
+        adrfam: u8,
+        traddr: &str,
+        trsvcid: &str,
+        nqn: &str,
+    ) -> DiscoveryEntry {
+        DiscoveryEntry {
+            trtype,
+            adrfam,
+            subtype,
+            treq: 0,
+            portid: 1,
+            cntlid: 0xFFFF,
+            asqsz: 32,
+            eflags: 0,
+            trsvcid: trsvcid.into(),
+            subnqn: nqn.into(),
+            traddr: traddr.into(),
+            rdma_qptype: 1,
+            rdma_prtype: 0,
+            rdma_cms: 1,
+            rdma_pkey: 0,
+        }
+    }
+
+    #[test]
+    fn plan_attaches_every_nvm_subsystem_at_its_own_address() {
+        let source: TransportId =
+            "trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4420 hostnqn:nqn.h:1 ns:2"
+                .parse()
+                .unwrap();
+        assert!(source.is_discovery());
+        let log = DiscoveryLog {
+            genctr: 3,
+            entries: vec![
+                entry(3, 1, 1, "10.0.0.1", "4420", DISCOVERY_NQN),
+                entry(2, 1, 1, "10.0.0.1", "4420", "nqn.2016-06.io.spdk:cnode1"),
+                entry(1, 1, 1, "10.0.0.9", "8009", "nqn.referral"),
+                entry(2, 1, 1, "10.0.0.2", "4421", "nqn.2016-06.io.spdk:cnode2"),
+                entry(2, 3, 1, "10.0.0.1", "4420", "nqn.tcp-only"),
+                entry(2, 1, 2, "fe80::2", "4420", "nqn.v6"),
+                entry(2, 1, 3, "ib-gid", "4420", "nqn.ib"),
+                entry(2, 1, 1, "10.0.0.1", "x", "nqn.bad-port"),
+                entry(2, 1, 1, "10.0.0.1", "4420", "nqn.2016-06.io.spdk:cnode1"),
+                entry(7, 1, 1, "10.0.0.1", "4420", "nqn.future"),
+            ],
+        };
+        let plan = attach_plan(&source, &log);
+        let got: Vec<String> = plan.attach.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            got,
+            [
+                "trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4420 subnqn:nqn.2016-06.io.spdk:cnode1 hostnqn:nqn.h:1 ns:2",
+                "trtype:RDMA adrfam:IPv4 traddr:10.0.0.2 trsvcid:4421 subnqn:nqn.2016-06.io.spdk:cnode2 hostnqn:nqn.h:1 ns:2",
+                "trtype:RDMA adrfam:IPv6 traddr:fe80::2 trsvcid:4420 subnqn:nqn.v6 hostnqn:nqn.h:1 ns:2",
+            ]
+        );
+        assert_eq!(plan.skipped.len(), 7, "{:#?}", plan.skipped);
+        for (needle, why) in [
+            ("entry 0 ", "discovery subsystem itself"),
+            ("entry 2 ", "referral"),
+            ("entry 4 ", "transport type 3"),
+            ("entry 6 ", "address family 3"),
+            ("entry 7 ", "not a port"),
+            ("entry 8 ", "listed twice"),
+            ("entry 9 ", "unknown subsystem type 7"),
+        ] {
+            assert!(
+                plan.skipped
+                    .iter()
+                    .any(|s| s.contains(needle) && s.contains(why)),
+                "{needle}{why}: {:#?}",
+                plan.skipped
+            );
+        }
+    }
+
+    #[test]
+    fn plan_of_an_empty_log_attaches_nothing() {
+        let source: TransportId = "traddr:10.0.0.1".parse().unwrap();
+        let plan = attach_plan(
+            &source,
+            &DiscoveryLog {
+                genctr: 0,
+                entries: vec![],
+            },
+        );
+        assert!(plan.attach.is_empty() && plan.skipped.is_empty());
     }
 }

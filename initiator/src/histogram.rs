@@ -118,6 +118,15 @@ impl Histogram {
         }
     }
 
+    /// The non-empty buckets in order: (smallest value, largest value, samples).
+    pub fn buckets(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(i, &c)| (lower(i), upper(i), c))
+    }
+
     /// The value at or below which `p` percent of the samples are (the upper end of that
     /// bucket, never above the largest sample).
     pub fn percentile(&self, p: f64) -> u64 {
@@ -201,5 +210,19 @@ mod tests {
         assert_eq!(a.min(), 5);
         assert_eq!(a.max(), 50_000);
         assert!((500..=503).contains(&a.percentile(50.0)), "bucket of 500");
+    }
+
+    #[test]
+    fn buckets_list_every_sample_once() {
+        let mut h = Histogram::new();
+        for v in [5u64, 5, 1000, 1_000_000] {
+            h.record(v);
+        }
+        let b: Vec<_> = h.buckets().collect();
+        assert_eq!(b.len(), 3);
+        assert_eq!(b[0], (5, 5, 2));
+        assert!(b[1].0 <= 1000 && 1000 <= b[1].1 && b[1].2 == 1);
+        assert!(b[2].0 <= 1_000_000 && 1_000_000 <= b[2].1);
+        assert_eq!(b.iter().map(|x| x.2).sum::<u64>(), h.count());
     }
 }

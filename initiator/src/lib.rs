@@ -15,7 +15,9 @@
 //! - [`controller`]: the admin side, in the Linux host's bring-up order.
 //! - [`qpair`]: I/O queue pairs: Read / Write / Compare / Flush / Write Zeroes / Dataset
 //!   Management over keyed SGLs (per-command keys), or in-capsule data for writes that fit.
-//! - [`discovery`], [`histogram`] (for `nvmf-perf`), [`host`] (host NQN and ID).
+//! - [`discovery`] (with [`attach_plan`]: the subsystems a transport ID without `subnqn`
+//!   reaches), [`histogram`] (for `nvmf-perf`), [`host`] (host NQN and ID), [`size`]
+//!   (SPDK's `4k` / `1m` sizes).
 //!
 //! # Data buffers and remote invalidation
 //!
@@ -46,6 +48,7 @@ pub mod error;
 pub mod histogram;
 pub mod host;
 pub mod qpair;
+pub mod size;
 mod transport;
 
 pub use address::TransportId;
@@ -53,7 +56,9 @@ pub use controller::{
     Controller, ControllerEvent, ControllerInfo, ControllerOptions, MemoryWindows, NamespaceInfo,
     Reconnect, ADMIN_QUEUE_DEPTH,
 };
-pub use discovery::{discover, read_discovery_log, DiscoveryEntry, DiscoveryLog};
+pub use discovery::{
+    attach_plan, discover, read_discovery_log, AttachPlan, DiscoveryEntry, DiscoveryLog,
+};
 pub use error::{Error, Result};
 pub use histogram::Histogram;
 pub use host::HostIdentity;

@@ -191,6 +191,8 @@ pub struct IoQpair {
     requeue: VecDeque<Io>,
     pending_fault: Option<QueueFault>,
     raw: [(u16, Completion); POLL_BATCH],
+    /// Work completions taken from the CQ per poll (1..=POLL_BATCH).
+    poll_limit: usize,
     next_scan: Instant,
     failure: Option<String>,
     stats: QpairStats,
@@ -261,6 +263,7 @@ impl IoQpair {
             requeue: VecDeque::with_capacity(usize::from(depth)),
             pending_fault: None,
             raw: [(0, Completion::default()); POLL_BATCH],
+            poll_limit: POLL_BATCH,
             next_scan: Instant::now() + TIMEOUT_SCAN,
             failure: None,
             stats: QpairStats::default(),
@@ -544,6 +547,15 @@ impl IoQpair {
         }
     }
 
+    /// At most `max` commands complete per [`poll`](Self::poll) (spdk_nvme_perf's `-C`);
+    /// 0 restores the default, as many as one CQ batch holds.
+    pub fn set_max_completions(&mut self, max: u32) {
+        self.poll_limit = match max {
+            0 => POLL_BATCH,
+            n => (n as usize).min(POLL_BATCH),
+        };
+    }
+
     /// Polls for completions and appends them to `out` (give it capacity for `depth`
     /// entries up front and reuse it, so no call allocates). Also drives timeouts, failure
     /// handling and the reconnect of this qpair. Returns how many completions were added.
@@ -582,7 +594,7 @@ impl IoQpair {
             return self.teardown(Teardown::ControllerReset, out);
         }
         let q = self.queue.as_mut().expect("a live qpair has a queue");
-        let n = match q.poll(&mut self.raw) {
+        let n = match q.poll(&mut self.raw, self.poll_limit) {
             Ok(n) => n,
             Err(f) => return self.teardown(Teardown::Fault(f), out),
         };

@@ -504,16 +504,20 @@ impl RdmaQueue {
         Ok(Some(cid))
     }
 
-    /// Takes what the CQ has (at most [`POLL_BATCH`] work completions) and writes the
-    /// commands that finished into `out` as (CID, completion); returns how many. The CIDs are
-    /// free again when this returns. An error means the queue is broken.
+    /// Takes what the CQ has (at most `limit` work completions, and at most [`POLL_BATCH`];
+    /// each finished command needs at least its response's receive, so at most `limit`
+    /// commands) and writes the commands that finished into `out` as (CID, completion);
+    /// returns how many. The CIDs are free again when this returns. An error means the
+    /// queue is broken.
     pub(crate) fn poll(
         &mut self,
         out: &mut [(u16, Completion); POLL_BATCH],
+        limit: usize,
     ) -> std::result::Result<usize, QueueFault> {
+        let limit = limit.clamp(1, POLL_BATCH);
         let n = self
             .cq
-            .poll(&mut self.wcs)
+            .poll(&mut self.wcs[..limit])
             .map_err(|e| QueueFault::Verb(e.to_string()))?;
         if n == 0 {
             return Ok(0);
@@ -688,7 +692,9 @@ impl RdmaQueue {
         let deadline = Instant::now() + timeout;
         let mut out = [(0u16, Completion::default()); POLL_BATCH];
         loop {
-            let n = self.poll(&mut out).map_err(|f| fault(self, f))?;
+            let n = self
+                .poll(&mut out, POLL_BATCH)
+                .map_err(|f| fault(self, f))?;
             if let Some((_, cqe)) = out[..n].iter().find(|(c, _)| *c == cid) {
                 return Ok(*cqe);
             }

@@ -5,6 +5,9 @@
 //! associations); each association has `-P` qpairs sharing its queue depth `-q`. The main
 //! thread polls the controllers' admin queues (keep-alive, events, reconnect) and prints the
 //! progress line.
+//!
+//! A transport ID without `subnqn` names a discovery service: as spdk_nvme_perf does, every
+//! NVM subsystem it lists is attached ([`attach_plan`]). The command line is in [`args`].
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -16,82 +19,19 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use nvmf_common::buffer::{BufferPool, IoBuf};
 use nvmf_common::reactor::{check_cores, parse_core_mask};
+use nvmf_common::spec::command::RW_FUA;
+use nvmf_common::spec::Command;
 use nvmf_initiator::{
-    Controller, ControllerEvent, ControllerOptions, Histogram, IoCompletion, IoQpair, IoStatus,
-    MemoryWindows, NamespaceInfo, QpairState, Reconnect, TransportId,
+    attach_plan, discover, Controller, ControllerEvent, ControllerOptions, DataDir, Histogram,
+    IoCompletion, IoQpair, IoStatus, NamespaceInfo, QpairState, QpairStats, Reconnect, TransportId,
 };
+use zerocopy::byteorder::little_endian::U32;
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "nvmf-perf",
-    about = "NVMe-oF (RDMA) I/O benchmark, with spdk_nvme_perf's flags",
-    after_help = "Example: 4 KiB random 70/30 mix at queue depth 32 for 10 s on two cores:\n  \
-        nvmf-perf -r 'trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4420 \
-        subnqn:nqn.2016-06.io.spdk:cnode1' -q 32 -o 4096 -w randrw -M 70 -t 10 -c 0x3"
-)]
-struct Args {
-    /// Transport ID: 'trtype:RDMA adrfam:IPv4 traddr:A trsvcid:4420 subnqn:NQN [hostnqn:NQN] [ns:N]'.
-    /// Repeat for several controllers.
-    #[arg(short = 'r', long = "transport", required = true)]
-    transport: Vec<String>,
-    /// Queue depth per namespace and core (shared by its -P qpairs).
-    #[arg(short = 'q', long = "io-depth", default_value_t = 32)]
-    queue_depth: u32,
-    /// I/O size in bytes (a multiple of the block size).
-    #[arg(short = 'o', long = "io-size", default_value_t = 4096)]
-    io_size: u32,
-    /// read, write, randread, randwrite, rw, randrw.
-    #[arg(short = 'w', long = "io-pattern")]
-    pattern: String,
-    /// Read percentage of rw / randrw (0-100; default 50).
-    #[arg(short = 'M', long = "rwmixread")]
-    rwmixread: Option<u32>,
-    /// Run time in seconds.
-    #[arg(short = 't', long = "time", default_value_t = 10)]
-    time: u64,
-    /// Core mask (0x3, 3, or [0,2-3]): one pinned polling thread per core.
-    #[arg(short = 'c', long = "core-mask", default_value = "0x1")]
-    core_mask: String,
-    /// I/O qpairs per namespace and core.
-    #[arg(short = 'P', long = "num-qpairs", default_value_t = 1)]
-    qpairs: u32,
-    /// Print the results as one JSON document (and nothing else on stdout).
-    #[arg(long)]
-    json: bool,
-    /// Host NQN (default: /etc/nvme/hostnqn or a generated one).
-    #[arg(long)]
-    hostnqn: Option<String>,
-    /// Fail an I/O (and reset the controller) when it is older than this many seconds.
-    #[arg(long, default_value_t = 10)]
-    io_timeout: u64,
-    /// Seconds allowed for each connection step (address, route, connect, Fabrics Connect).
-    #[arg(long, default_value_t = 10)]
-    connect_timeout: u64,
-    /// Keep Alive Timeout in seconds (0: off).
-    #[arg(long, default_value_t = 5)]
-    kato: u64,
-    /// Reconnect after a failure every this many seconds (enables reconnect).
-    #[arg(long)]
-    reconnect_delay: Option<u64>,
-    /// With reconnect: give up this many seconds after the loss (-1: never; default 600).
-    #[arg(long, allow_negative_numbers = true)]
-    ctrl_loss_tmo: Option<i64>,
-    /// Send writes as in-capsule data when the controller allows (0 disables).
-    #[arg(long, default_value_t = 1)]
-    in_capsule: u8,
-    /// Per-I/O memory-window keys, invalidated when each I/O completes, as the Linux host
-    /// does: auto (where the device has them, except soft-RoCE), on, off (the buffer pool
-    /// registration's key).
-    #[arg(long, default_value = "auto")]
-    memory_windows: MemoryWindows,
-    /// Empty polls in a row before a worker yields its core to other threads (0: never
-    /// yield, pure spinning). On soft-RoCE the NIC is kernel CPU time on the same cores.
-    #[arg(long, default_value_t = 0)]
-    idle_spin: u32,
-    /// Sleep this many microseconds instead of yielding once idle (0: yield).
-    #[arg(long, default_value_t = 0)]
-    idle_sleep_us: u64,
-}
+mod args;
+mod zipf;
+
+use args::Args;
+use zipf::Zipf;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Pattern {
@@ -187,6 +127,9 @@ struct NsCtx {
     blocks_per_io: u64,
     slots: u64,
     seq: u64,
+    zipf: Option<Arc<Zipf>>,
+    /// `-Q`: tags whose submission was refused, retried on the next pass.
+    retry: Vec<usize>,
     stats: Stats,
     failed: Option<String>,
 }
@@ -195,6 +138,29 @@ struct Plan {
     pattern: Pattern,
     read_pct: u32,
     io_size: u32,
+    fua: bool,
+    /// `-Q N`: print one I/O error in every N (errors do not fail the run).
+    quiet: Option<u64>,
+    /// I/O errors seen by all workers, for `-Q`'s rate limit.
+    errors_seen: AtomicU64,
+}
+
+impl Plan {
+    /// `-Q`: prints every Nth error, saying how many were left out before it.
+    fn log_error(&self, what: &dyn std::fmt::Display) {
+        let Some(every) = self.quiet else { return };
+        let n = self.errors_seen.fetch_add(1, Ordering::Relaxed);
+        // `is_multiple_of` is newer than the workspace's rust-version.
+        #[allow(clippy::manual_is_multiple_of)]
+        let due = n % every == 0;
+        if due {
+            if n > 0 && every > 1 {
+                eprintln!("nvmf-perf: (suppressed {} errors) {what}", every - 1);
+            } else {
+                eprintln!("nvmf-perf: {what}");
+            }
+        }
+    }
 }
 
 impl NsCtx {
@@ -203,7 +169,10 @@ impl NsCtx {
             return false;
         };
         let slot = if plan.pattern.random() {
-            rng.next() % self.slots
+            match &self.zipf {
+                Some(z) => z.slot(rng.next()),
+                None => rng.next() % self.slots,
+            }
         } else {
             let s = self.seq;
             self.seq = (self.seq + 1) % self.slots;
@@ -216,15 +185,30 @@ impl NsCtx {
         let qp = &mut self.qpairs[self.qp_of[tag]];
         self.start[tag] = Instant::now();
         self.is_read[tag] = read;
-        let r = if read {
-            qp.read(self.ns.nsid, lba, nlb, buf, tag as u64)
+        let (mut cmd, dir) = if read {
+            (
+                Command::read(0, self.ns.nsid, lba, nlb),
+                DataDir::FromController,
+            )
         } else {
-            qp.write(self.ns.nsid, lba, nlb, buf, tag as u64)
+            (
+                Command::write(0, self.ns.nsid, lba, nlb),
+                DataDir::ToController,
+            )
         };
-        match r {
+        if plan.fua {
+            cmd.cdw12 = U32::new(cmd.cdw12.get() | RW_FUA);
+        }
+        match qp.submit(cmd, Some(buf), dir, tag as u64) {
             Ok(()) => true,
             Err(e) => {
                 self.bufs[tag] = e.buf;
+                if plan.quiet.is_some() && qp.state() != QpairState::Failed {
+                    // -Q: as spdk_nvme_perf, a refused submission waits for the next pass.
+                    plan.log_error(&format_args!("starting I/O failed: {:?}", e.kind));
+                    self.retry.push(tag);
+                    return false;
+                }
                 if self.failed.is_none() {
                     self.failed = Some(match qp.failure() {
                         Some(f) => f.to_string(),
@@ -252,6 +236,11 @@ impl NsCtx {
             }
         } else {
             self.stats.errors += 1;
+            plan.log_error(&format_args!(
+                "{} completed with error: {}",
+                if self.is_read[tag] { "Read" } else { "Write" },
+                c.status
+            ));
             if self.stats.first_error.is_none() {
                 self.stats.first_error = Some(format!(
                     "{}: {}",
@@ -312,6 +301,11 @@ fn worker(
         }
         let mut busy = false;
         for c in ctxs.iter_mut() {
+            if !stopping && c.failed.is_none() && !c.retry.is_empty() {
+                for tag in std::mem::take(&mut c.retry) {
+                    c.submit(tag, &plan, &mut rng);
+                }
+            }
             for q in 0..c.qpairs.len() {
                 c.qpairs[q].poll(&mut out);
                 for comp in out.drain(..) {
@@ -390,7 +384,7 @@ fn options(args: &Args) -> anyhow::Result<ControllerOptions> {
     };
     Ok(ControllerOptions {
         hostnqn: args.hostnqn.clone(),
-        kato: Duration::from_secs(args.kato),
+        kato: args.keep_alive(),
         connect_timeout: Duration::from_secs(args.connect_timeout.max(1)),
         io_timeout: Duration::from_secs(args.io_timeout.max(1)),
         admin_timeout: Duration::from_secs(args.io_timeout.max(1) * 2),
@@ -411,9 +405,39 @@ fn run(args: Args) -> anyhow::Result<bool> {
     if args.queue_depth == 0 || args.io_size == 0 || args.qpairs == 0 || args.time == 0 {
         bail!("-q, -o, -P and -t must be above 0");
     }
+    if let Some(refused) = args.unsupported().first() {
+        bail!("{refused}");
+    }
+    for n in args.notices() {
+        eprintln!("nvmf-perf: {n}");
+    }
+    if args.continue_on_error == Some(0) {
+        bail!("-Q: the value must be above 0");
+    }
+    if args
+        .io_queue_size
+        .is_some_and(|n| n < 2 || n > u32::from(u16::MAX))
+    {
+        bail!("--io-queue-size: 2-65535 entries");
+    }
+    let zipf_theta = args.zipf.filter(|&t| t != 0.0);
+    if let Some(t) = zipf_theta {
+        if !pattern.random() {
+            eprintln!("nvmf-perf: -F ignored: it applies to random patterns only");
+        }
+        Zipf::new(2, t).map_err(anyhow::Error::msg)?;
+    }
+    if args.rwmixread.is_some()
+        && matches!(
+            pattern,
+            Pattern::Read | Pattern::Write | Pattern::RandRead | Pattern::RandWrite
+        )
+    {
+        eprintln!("nvmf-perf: -M ignored: it applies to rw and randrw only");
+    }
     let cores = parse_core_mask(&args.core_mask)?;
     check_cores(&cores)?;
-    let tids: Vec<TransportId> = args
+    let given: Vec<TransportId> = args
         .transport
         .iter()
         .map(|s| {
@@ -431,15 +455,41 @@ fn run(args: Args) -> anyhow::Result<bool> {
     };
 
     say("Initializing NVMe Controllers".into());
+    // A transport ID without subnqn: the subsystems its discovery service lists.
+    let mut tids: Vec<TransportId> = Vec::new();
+    for tid in given {
+        if !tid.is_discovery() {
+            if !tids.contains(&tid) {
+                tids.push(tid);
+            }
+            continue;
+        }
+        let log = discover(&tid, &opts)
+            .with_context(|| format!("discovery at {}:{}", tid.traddr, tid.trsvcid))?;
+        let plan = attach_plan(&tid, &log);
+        for why in &plan.skipped {
+            eprintln!("nvmf-perf: skipping {why}");
+        }
+        if plan.attach.is_empty() {
+            eprintln!(
+                "nvmf-perf: the discovery service at {}:{} lists no NVM subsystem to attach",
+                tid.traddr, tid.trsvcid
+            );
+        }
+        for t in plan.attach {
+            if !tids.contains(&t) {
+                tids.push(t);
+            }
+        }
+    }
     let mut ctrls = Vec::new();
+    let mut unused: Vec<IoQpair> = Vec::new();
     let mut namespaces: Vec<(usize, NamespaceInfo, String)> = Vec::new();
     for tid in &tids {
-        if tid.is_discovery() {
-            bail!("-r {tid}: give the subsystem's subnqn (this is the discovery subsystem)");
-        }
         // Ask for enough I/O queues for every association this controller could get.
         opts.io_queues = 0;
-        opts.io_queues_requested = (cores.len() * args.qpairs as usize * 8).min(1024) as u16;
+        opts.io_queues_requested =
+            (cores.len() * args.qpairs as usize * 8 + args.unused_qpairs as usize).min(1024) as u16;
         let mut ctrl = Controller::connect(tid, ControllerOptions { ..opts.clone() })
             .with_context(|| format!("connecting to {tid}"))?;
         let idx = ctrls.len();
@@ -487,18 +537,24 @@ fn run(args: Args) -> anyhow::Result<bool> {
                 ctrl.max_transfer()
             );
         }
+        for _ in 0..args.unused_qpairs {
+            // -U: connected and never used, as spdk_nvme_perf's unused qpairs.
+            let depth = args.io_queue_size.unwrap_or(2).min(u32::from(u16::MAX)) as u16;
+            unused.push(
+                ctrl.create_io_qpair(depth)
+                    .with_context(|| format!("connecting an unused I/O qpair on {tid}"))?,
+            );
+        }
         ctrls.push(ctrl);
     }
     if namespaces.is_empty() {
         bail!("no namespace to run on");
     }
 
-    // Associations, as spdk_nvme_perf: max(namespaces, workers), round robin.
-    let count = namespaces.len().max(cores.len());
     let mut per_core: Vec<Vec<NsCtx>> = (0..cores.len()).map(|_| Vec::new()).collect();
-    for i in 0..count {
-        let w = i % cores.len();
-        let (ci, ns, label) = namespaces[i % namespaces.len()].clone();
+    let mut zipfs: Vec<Option<Arc<Zipf>>> = vec![None; namespaces.len()];
+    for (n, w) in associations(namespaces.len(), cores.len(), args.use_every_core) {
+        let (ci, ns, label) = namespaces[n].clone();
         let ctrl = &mut ctrls[ci];
         let p = args.qpairs as usize;
         let per_qp = args.queue_depth.div_ceil(args.qpairs).max(1);
@@ -506,9 +562,11 @@ fn run(args: Args) -> anyhow::Result<bool> {
         for _ in 0..p {
             // One more entry than outstanding commands would be needed for a strict SQ
             // full check; Linux and SPDK size the queue at the depth, as here.
-            let qp = ctrl
-                .create_io_qpair(per_qp.max(2).min(u32::from(u16::MAX)) as u16)
+            let entries = args.io_queue_size.unwrap_or(per_qp);
+            let mut qp = ctrl
+                .create_io_qpair(entries.max(2).min(u32::from(u16::MAX)) as u16)
                 .with_context(|| format!("connecting an I/O qpair for {label}"))?;
+            qp.set_max_completions(args.max_completions);
             qpairs.push(qp);
         }
         let depth = args
@@ -527,6 +585,16 @@ fn run(args: Args) -> anyhow::Result<bool> {
             bufs.push(Some(b));
         }
         let blocks_per_io = u64::from(args.io_size / ns.block_size);
+        let slots = ns.blocks / blocks_per_io;
+        let zipf = match (zipf_theta, &zipfs[n]) {
+            (None, _) => None,
+            (Some(_), Some(z)) => Some(Arc::clone(z)),
+            (Some(t), None) => {
+                let z = Arc::new(Zipf::new(slots, t).map_err(anyhow::Error::msg)?);
+                zipfs[n] = Some(Arc::clone(&z));
+                Some(z)
+            }
+        };
         say(format!("Associating {label} with lcore {}", cores[w]));
         per_core[w].push(NsCtx {
             label,
@@ -539,8 +607,10 @@ fn run(args: Args) -> anyhow::Result<bool> {
             is_read: vec![false; depth as usize],
             depth,
             blocks_per_io,
-            slots: ns.blocks / blocks_per_io,
+            slots,
             seq: 0,
+            zipf,
+            retry: Vec::new(),
             stats: Stats::default(),
             failed: None,
         });
@@ -551,6 +621,9 @@ fn run(args: Args) -> anyhow::Result<bool> {
         pattern,
         read_pct: pattern.read_percent(args.rwmixread),
         io_size: args.io_size,
+        fua: args.fua,
+        quiet: args.continue_on_error,
+        errors_seen: AtomicU64::new(0),
     });
     let stop = Arc::new(AtomicBool::new(false));
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -652,18 +725,105 @@ fn run(args: Args) -> anyhow::Result<bool> {
         windows: ctrls.iter().any(Controller::uses_memory_windows),
         ..KeyUse::default()
     };
+    let mut qp_stats: Vec<(String, u16, QpairStats)> = Vec::new();
     for c in results.iter_mut() {
         for qp in c.qpairs.drain(..) {
             let st = qp.stats();
             keys.remote_invalidations += st.remote_invalidations;
             keys.local_invalidations += st.local_invalidations;
+            qp_stats.push((format!("{} from core {}", c.label, c.core), qp.qid(), st));
             qp.disconnect();
         }
+    }
+    for qp in unused {
+        qp.disconnect();
     }
     for c in ctrls {
         let _ = c.disconnect();
     }
-    report(&args, &results, elapsed, &ctrl_errors, keys)
+    let ok = report(&args, &results, elapsed, &ctrl_errors, keys)?;
+    if args.transport_stats {
+        print_transport_stats(&args, &qp_stats);
+    }
+    Ok(ok)
+}
+
+/// (namespace index, worker index) pairs. As spdk_nvme_perf: max(namespaces, workers)
+/// associations, round robin; with `--use-every-core` every namespace on every worker.
+fn associations(namespaces: usize, workers: usize, every_core: bool) -> Vec<(usize, usize)> {
+    if namespaces == 0 || workers == 0 {
+        return Vec::new();
+    }
+    if every_core {
+        return (0..namespaces)
+            .flat_map(|n| (0..workers).map(move |w| (n, w)))
+            .collect();
+    }
+    (0..namespaces.max(workers))
+        .map(|i| (i % namespaces, i % workers))
+        .collect()
+}
+
+/// `--transport-stats`: each I/O qpair's counters (on stdout; on stderr with `--json`).
+fn print_transport_stats(args: &Args, stats: &[(String, u16, QpairStats)]) {
+    let mut out = String::from("RDMA transport statistics (per I/O qpair):\n");
+    for (label, qid, s) in stats {
+        out += &format!(
+            "{label} qid {qid}:\n  submitted {}  completed {}  timeouts {}  reconnects {}  \
+             requeued {}\n  remote invalidations {}  local invalidations {}\n",
+            s.submitted,
+            s.completed,
+            s.timeouts,
+            s.reconnects,
+            s.requeued,
+            s.remote_invalidations,
+            s.local_invalidations
+        );
+    }
+    if args.json {
+        eprint!("{out}");
+    } else {
+        print!("{out}");
+    }
+}
+
+/// spdk_nvme_perf's `-L` cut-offs: the latency below which each fraction of the I/Os
+/// completed.
+const LATENCY_CUTOFFS: [f64; 15] = [
+    0.01, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 0.99999, 0.999999,
+    0.9999999,
+];
+
+/// `-L`: the summary (percentiles at [`LATENCY_CUTOFFS`]); `-LL`: also every non-empty
+/// bucket with the cumulative share.
+fn latency_report(name: &str, h: &Histogram, level: u8) -> String {
+    let mut out = format!("Summary latency data for {name}:\n{}\n", "=".repeat(81));
+    for c in LATENCY_CUTOFFS {
+        out += &format!(
+            "{:9.5}% : {:9.3}us\n",
+            c * 100.0,
+            us(h.percentile(c * 100.0))
+        );
+    }
+    out.push('\n');
+    if level >= 2 {
+        out += &format!(
+            "Latency histogram for {name}:\n{}\n       Range in us     Cumulative    IO count\n",
+            "=".repeat(78)
+        );
+        let mut so_far = 0u64;
+        for (lo, hi, n) in h.buckets() {
+            so_far += n;
+            out += &format!(
+                "{:9.3} - {:9.3}: {:9.4}%  ({n:9})\n",
+                us(lo),
+                us(hi),
+                100.0 * so_far as f64 / h.count().max(1) as f64
+            );
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// How the I/Os' data keys were handled (see `ControllerOptions::memory_windows`).
@@ -805,6 +965,13 @@ fn report(
                 100.0 * total.reads as f64 / (total.ios.max(1)) as f64
             );
         }
+        if args.latency > 0 && total.ios > 0 {
+            println!();
+            for c in results {
+                let name = format!("{} from core {}", c.label, c.core);
+                print!("{}", latency_report(&name, &c.stats.hist, args.latency));
+            }
+        }
         if keys.windows {
             println!(
                 "data keys: per-I/O memory windows, {} invalidated by the target, {} locally",
@@ -824,7 +991,9 @@ fn report(
     for f in &failures {
         eprintln!("nvmf-perf: error: {f}");
     }
-    Ok(total.errors == 0 && failures.is_empty())
+    // -Q: I/O errors do not fail the run (they were reported); lost controllers still do.
+    let errors_fail = args.continue_on_error.is_none() && total.errors > 0;
+    Ok(!errors_fail && failures.is_empty())
 }
 
 fn main() -> ExitCode {
@@ -837,5 +1006,34 @@ fn main() -> ExitCode {
             eprintln!("nvmf-perf: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn associations_round_robin_or_every_core() {
+        assert_eq!(associations(1, 2, false), [(0, 0), (0, 1)]);
+        assert_eq!(associations(3, 2, false), [(0, 0), (1, 1), (2, 0)]);
+        assert_eq!(associations(2, 2, true), [(0, 0), (0, 1), (1, 0), (1, 1)]);
+        assert!(associations(0, 2, false).is_empty());
+    }
+
+    #[test]
+    fn latency_summary_and_histogram_levels() {
+        let mut h = Histogram::new();
+        for v in 1..=1000u64 {
+            h.record(v * 1000);
+        }
+        let one = latency_report("ns", &h, 1);
+        assert!(one.contains("Summary latency data for ns"));
+        assert!(one.contains(" 50.00000% :"), "{one}");
+        assert!(!one.contains("Latency histogram"));
+        let two = latency_report("ns", &h, 2);
+        assert!(two.starts_with(&one));
+        assert!(two.contains("Latency histogram for ns"));
+        assert!(two.contains("100.0000%"), "{two}");
     }
 }
