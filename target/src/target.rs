@@ -9,7 +9,8 @@ use nvmf_common::spec::nqn::{validate_nqn, DISCOVERY_NQN};
 
 use crate::bdev::{BdevError, BdevRegistry};
 use crate::core::subsystem::{
-    ListenAddress, Namespace, NsStats, SubsystemConfig, SubsystemId, SubsystemKind, SubsystemShared,
+    ListenAddress, Namespace, NsStats, Referral, SubsystemConfig, SubsystemId, SubsystemKind,
+    SubsystemShared,
 };
 use crate::core::{PollGroupHandle, TargetInfo};
 use crate::transport::Transport;
@@ -30,6 +31,10 @@ pub enum TargetError {
     NsidInUse(u32),
     #[error("no namespace with NSID {0}")]
     NoNamespace(u32),
+    #[error("namespace {0} is visible to every host (added without no_auto_visible)")]
+    NsAutoVisible(u32),
+    #[error("referral {0} not found")]
+    NoReferral(String),
     #[error("subsystem {0} has no free NSID")]
     NoFreeNsid(String),
     #[error("host {0} already allowed")]
@@ -62,6 +67,8 @@ impl TargetError {
             | TargetError::NoNamespace(_)
             | TargetError::NoHost(_)
             | TargetError::NoListener(_) => libc::ENOENT,
+            TargetError::NoReferral(_) => libc::ENOENT,
+            TargetError::NsAutoVisible(_) => libc::EPERM,
             TargetError::NoFreeNsid(_) => libc::ENOSPC,
             TargetError::Listen { .. } => libc::EADDRNOTAVAIL,
             TargetError::Bdev(e) => e.errno(),
@@ -113,6 +120,8 @@ pub struct NamespaceOptions {
     pub nguid: Option<[u8; 16]>,
     pub uuid: Option<[u8; 16]>,
     pub eui64: Option<[u8; 8]>,
+    /// Visible to no host until [`Target::ns_add_host`] names one (SPDK's `no_auto_visible`).
+    pub no_auto_visible: bool,
 }
 
 pub struct Target {
@@ -120,6 +129,8 @@ pub struct Target {
     pub bdevs: BdevRegistry,
     subsystems: BTreeMap<String, SubsystemState>,
     transports: Vec<Arc<dyn Transport>>,
+    /// Discovery referrals, oldest first; every discovery controller lists them.
+    referrals: Vec<Referral>,
     poll_groups: Vec<PollGroupHandle>,
     next_id: SubsystemId,
 }
@@ -131,6 +142,7 @@ impl Target {
             bdevs: BdevRegistry::new(),
             subsystems: BTreeMap::new(),
             transports: Vec::new(),
+            referrals: Vec::new(),
             poll_groups: Vec::new(),
             next_id: 1,
         };
@@ -149,6 +161,8 @@ impl Target {
         for transport in &self.transports {
             attach_transport(&handle, Arc::clone(transport));
         }
+        let referrals = Arc::new(self.referrals.clone());
+        handle.send(move |pg| pg.core.set_referrals(referrals));
         self.poll_groups.push(handle);
     }
 
@@ -219,6 +233,7 @@ impl Target {
                 hosts: Vec::new(),
                 listeners: Vec::new(),
                 namespaces: BTreeMap::new(),
+                ns_hosts: BTreeMap::new(),
                 max_namespaces: opts.max_namespaces,
                 min_cntlid: opts.min_cntlid,
                 max_cntlid: opts.max_cntlid,
@@ -276,6 +291,7 @@ impl Target {
             nguid: opts.nguid.unwrap_or(uuid),
             uuid,
             eui64: opts.eui64.unwrap_or_default(),
+            auto_visible: !opts.no_auto_visible,
             bdev,
             stats: NsStats::default(),
         });
@@ -291,9 +307,103 @@ impl Target {
             .namespaces
             .remove(&nsid)
             .ok_or(TargetError::NoNamespace(nsid))?;
+        sub.ns_hosts.remove(&nsid);
         self.bdevs.release(ns.bdev.name());
         self.publish(nqn);
         Ok(())
+    }
+
+    /// Makes the `no_auto_visible` namespace `nsid` visible to controllers of `host`, live
+    /// ones included (they get a Namespace Attribute Changed notice). Adding a host that
+    /// already sees it changes nothing, as in SPDK's `nvmf_ns_visible`.
+    pub fn ns_add_host(&mut self, nqn: &str, nsid: u32, host: &str) -> Result<(), TargetError> {
+        self.set_ns_visible(nqn, nsid, host, true)
+    }
+
+    /// Hides the namespace from `host` again; a host it was not visible to is no error.
+    pub fn ns_remove_host(&mut self, nqn: &str, nsid: u32, host: &str) -> Result<(), TargetError> {
+        self.set_ns_visible(nqn, nsid, host, false)
+    }
+
+    fn set_ns_visible(
+        &mut self,
+        nqn: &str,
+        nsid: u32,
+        host: &str,
+        visible: bool,
+    ) -> Result<(), TargetError> {
+        validate_nqn(host).map_err(|e| TargetError::InvalidNqn {
+            nqn: host.to_string(),
+            reason: e.to_string(),
+        })?;
+        let sub = self.subsystem_mut(nqn)?;
+        let ns = sub.namespace(nsid).ok_or(TargetError::NoNamespace(nsid))?;
+        if ns.auto_visible {
+            return Err(TargetError::NsAutoVisible(nsid));
+        }
+        let changed = if visible {
+            sub.ns_hosts
+                .entry(nsid)
+                .or_default()
+                .insert(host.to_string())
+        } else {
+            let hosts = sub.ns_hosts.get_mut(&nsid);
+            let removed = hosts.as_ref().is_some_and(|h| h.contains(host));
+            if let Some(hosts) = hosts {
+                hosts.remove(host);
+                if hosts.is_empty() {
+                    sub.ns_hosts.remove(&nsid);
+                }
+            }
+            removed
+        };
+        if changed {
+            self.publish(nqn);
+        }
+        Ok(())
+    }
+
+    pub fn referrals(&self) -> &[Referral] {
+        &self.referrals
+    }
+
+    /// Adds a discovery referral. One with the same address and subsystem NQN already there
+    /// is kept as it is (`Ok(false)`), as SPDK ignores a duplicate.
+    pub fn add_referral(&mut self, referral: Referral) -> Result<bool, TargetError> {
+        validate_nqn(&referral.subnqn).map_err(|e| TargetError::InvalidNqn {
+            nqn: referral.subnqn.clone(),
+            reason: e.to_string(),
+        })?;
+        if self.referrals.iter().any(|r| r.same_target(&referral)) {
+            return Ok(false);
+        }
+        self.referrals.push(referral);
+        self.publish_referrals();
+        Ok(true)
+    }
+
+    pub fn remove_referral(
+        &mut self,
+        address: &ListenAddress,
+        subnqn: &str,
+    ) -> Result<(), TargetError> {
+        let at = self
+            .referrals
+            .iter()
+            .position(|r| r.address == *address && r.subnqn == subnqn)
+            .ok_or_else(|| TargetError::NoReferral(format!("{address} subnqn:{subnqn}")))?;
+        self.referrals.remove(at);
+        self.publish_referrals();
+        Ok(())
+    }
+
+    fn publish_referrals(&self) {
+        self.info.bump_discovery_generation();
+        let referrals = Arc::new(self.referrals.clone());
+        for pg in &self.poll_groups {
+            let referrals = Arc::clone(&referrals);
+            pg.send(move |pg| pg.core.set_referrals(referrals));
+        }
     }
 
     pub fn add_host(&mut self, nqn: &str, host: &str) -> Result<(), TargetError> {

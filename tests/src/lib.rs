@@ -234,7 +234,17 @@ pub fn expect_ok(r: &Response) -> &Completion {
 /// nvmf_connect_admin_queue, nvme_enable_ctrl, nvme_init_ctrl_finish, nvme_set_queue_count,
 /// nvmf_connect_io_queue per queue, nvme_enable_aen).
 pub fn linux_bring_up(lab: &mut LoopbackLab, subnqn: &str, io_queues: u16) -> HostController {
-    bring_up(lab, subnqn, io_queues, None)
+    bring_up(lab, subnqn, io_queues, None, HOSTNQN)
+}
+
+/// [`linux_bring_up`] by the host `hostnqn` (per-host behaviour: namespace masking).
+pub fn linux_bring_up_as(
+    lab: &mut LoopbackLab,
+    subnqn: &str,
+    io_queues: u16,
+    hostnqn: &str,
+) -> HostController {
+    bring_up(lab, subnqn, io_queues, None, hostnqn)
 }
 
 /// [`linux_bring_up`] with every queue coming through the listener at `addr`.
@@ -244,7 +254,7 @@ pub fn linux_bring_up_via(
     io_queues: u16,
     addr: &ListenAddress,
 ) -> HostController {
-    bring_up(lab, subnqn, io_queues, Some(addr))
+    bring_up(lab, subnqn, io_queues, Some(addr), HOSTNQN)
 }
 
 fn bring_up(
@@ -252,6 +262,7 @@ fn bring_up(
     subnqn: &str,
     io_queues: u16,
     listener: Option<&ListenAddress>,
+    hostnqn: &str,
 ) -> HostController {
     let admin = lab.open_queue_on(listener);
     let r = lab.run(
@@ -263,7 +274,7 @@ fn bring_up(
             LINUX_KATO_MS,
             CNTLID_DYNAMIC,
             subnqn,
-            HOSTNQN,
+            hostnqn,
         ),
     );
     let cntlid = expect_ok(&r).dw0.get() as u16;
@@ -339,7 +350,7 @@ fn bring_up(
             let q = lab.open_queue_on(listener);
             let r = lab.run(
                 &q,
-                connect_capsule(1, qid, sqsize, 0, cntlid, subnqn, HOSTNQN),
+                connect_capsule(1, qid, sqsize, 0, cntlid, subnqn, hostnqn),
             );
             expect_ok(&r);
             ctrl.io.push(q);

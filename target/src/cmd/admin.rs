@@ -132,6 +132,8 @@ fn identify(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
     let Some(sub) = q.subsystem.and_then(|s| core.subsystem(s)).cloned() else {
         return req.fail(Status::INTERNAL_ERROR.with_dnr());
     };
+    // Namespaces masked from this controller's host are inactive NSIDs to it.
+    let hostnqn = &q.ctrl.as_ref().expect("connected").hostnqn;
     match id.cns {
         Cns::CONTROLLER => {
             let data = identify_controller(core, q, &sub);
@@ -143,7 +145,7 @@ fn identify(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
             }
             // An inactive NSID in range returns a zeroed structure (NVMe 2.0 base, 5.17.2.1).
             let mut data = IdentifyNamespace::new_zeroed();
-            if let Some(ns) = sub.namespace(nsid) {
+            if let Some(ns) = sub.visible_namespace(nsid, hostnqn) {
                 let blocks = ns.num_blocks();
                 data.nsze.set(blocks);
                 data.ncap.set(blocks);
@@ -165,11 +167,15 @@ fn identify(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
                 return req.fail(Status::INVALID_NAMESPACE.with_dnr());
             }
             let mut out = [0u8; 4096];
-            write_ns_list(&mut out, nsid, sub.namespaces.keys().copied());
+            let visible = sub
+                .namespaces
+                .values()
+                .filter(|ns| sub.ns_visible(ns, hostnqn));
+            write_ns_list(&mut out, nsid, visible.map(|ns| ns.nsid));
             req.fill_data(&out);
         }
         Cns::NAMESPACE_ID_DESCRIPTOR_LIST => {
-            let Some(ns) = sub.namespace(nsid) else {
+            let Some(ns) = sub.visible_namespace(nsid, hostnqn) else {
                 return req.fail(Status::INVALID_NAMESPACE.with_dnr());
             };
             let mut out = [0u8; 4096];
@@ -317,7 +323,13 @@ fn smart_log(core: &CoreCtx, q: &QueueState) -> SmartHealthLog {
         return log;
     };
     let (mut reads, mut writes, mut read_bytes, mut write_bytes) = (0u128, 0u128, 0u128, 0u128);
-    for ns in sub.namespaces.values() {
+    // Only what this host may see: a masked namespace's traffic is another host's business.
+    let hostnqn = &q.ctrl.as_ref().expect("connected").hostnqn;
+    for ns in sub
+        .namespaces
+        .values()
+        .filter(|ns| sub.ns_visible(ns, hostnqn))
+    {
         let s = ns.stats.snapshot();
         reads += u128::from(s.read_ops);
         writes += u128::from(s.write_ops);

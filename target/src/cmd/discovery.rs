@@ -7,7 +7,7 @@ use nvmf_common::spec::identify::set_nqn;
 use nvmf_common::spec::log_page::{
     AddressFamily, DiscoveryLogEntry, DiscoveryLogHeader, SubsystemType, TransportType,
     RDMA_CMS_RDMA_CM, RDMA_PRTYPE_NOT_SPECIFIED, RDMA_QPTYPE_CONNECTED,
-    TREQ_SECURE_CHANNEL_NOT_REQUIRED,
+    TREQ_SECURE_CHANNEL_NOT_REQUIRED, TREQ_SECURE_CHANNEL_REQUIRED,
 };
 use nvmf_common::spec::nqn::DISCOVERY_NQN;
 use std::sync::atomic::Ordering;
@@ -42,11 +42,13 @@ pub fn adrfam_code(adrfam: &str) -> AddressFamily {
 
 /// The whole log page for `hostnqn`, asked through the listener `via`: header, then one entry
 /// per listener of each subsystem the host may use, subsystems in NQN order, then the current
-/// discovery subsystem's own entry.
+/// discovery subsystem's own entry, then the target's referrals.
 ///
 /// As nvmet does, a discovery controller that came through a known listener sees only the
 /// subsystems exported on that listener (other ports, other tenants); where the transport does
 /// not say (`None`), every listener is listed, as SPDK's default discovery filter does.
+/// Referrals are listed to every host through every port, newest first, as SPDK lists them
+/// (`nvmf_generate_discovery_log`).
 pub fn log_page(core: &CoreCtx, hostnqn: &str, via: Option<&ListenAddress>) -> Vec<u8> {
     let mut subsystems: Vec<_> = core
         .subsystem_configs()
@@ -80,6 +82,20 @@ pub fn log_page(core: &CoreCtx, hostnqn: &str, via: Option<&ListenAddress>) -> V
             SubsystemType::CURRENT_DISCOVERY,
             DISCOVERY_NQN,
         ));
+    }
+    for r in core.referrals.iter().rev() {
+        // SPDK's referral entry: subtype 1 for another discovery service, 2 for an NVM
+        // subsystem, cntlid FFFFh, port id 0 (the port is the referred target's, unknown here).
+        let subtype = if r.subnqn == DISCOVERY_NQN {
+            SubsystemType::REFERRAL
+        } else {
+            SubsystemType::NVME
+        };
+        let mut e = entry(&r.address, 0, subtype, &r.subnqn);
+        if r.secure_channel {
+            e.treq = TREQ_SECURE_CHANNEL_REQUIRED;
+        }
+        entries.push(e);
     }
     let mut header = DiscoveryLogHeader::new_zeroed();
     header

@@ -40,8 +40,10 @@ pub fn prepare(
     }
     let nsid = req.cmd.nsid.get();
     let sid = q.subsystem.expect("connected queues have a subsystem");
+    // A namespace masked from this host is an inactive NSID to it: Invalid Namespace or
+    // Format, as SPDK answers (`nvmf_ctrlr_get_ns` finds nothing for an invisible NSID).
     let ns = core
-        .namespace(sid, nsid)
+        .visible_namespace(sid, nsid, &ctrl.hostnqn)
         .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
     req.nsid = nsid;
     let read_only = ns.bdev.read_only();
@@ -118,8 +120,10 @@ struct DsmTarget {
 pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
     let (sid, nsid) = ids(q, req);
     // Borrowed, not cloned: a clone is an atomic read-modify-write on memory every reactor
-    // touches, per command.
-    let Some(ns) = core.namespace(sid, nsid) else {
+    // touches, per command. Visibility is checked again: the namespace may have been masked
+    // from this host while the command's data was in flight.
+    let hostnqn = &q.ctrl.as_ref().expect("I/O queues are connected").hostnqn;
+    let Some(ns) = core.visible_namespace(sid, nsid, hostnqn) else {
         return req.fail(Status::INVALID_NAMESPACE.with_dnr());
     };
     let io = |kind, offset_blocks, num_blocks, buf, fua| BdevIo {

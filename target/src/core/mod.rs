@@ -21,7 +21,7 @@ use crate::core::controller::ControllerLocal;
 use crate::core::latency::NamespaceLatency;
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
-use crate::core::subsystem::{Namespace, SubsystemConfig, SubsystemId, SubsystemKind};
+use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId, SubsystemKind};
 
 pub mod controller;
 pub mod latency;
@@ -92,6 +92,8 @@ pub struct CoreCtx {
     pub info: Arc<TargetInfo>,
     pub(crate) subsystems: HashMap<SubsystemId, GroupSubsystem>,
     by_nqn: HashMap<String, SubsystemId>,
+    /// The target's discovery referrals, as the control plane last sent them.
+    pub(crate) referrals: Arc<Vec<Referral>>,
     pub(crate) controllers: HashMap<(SubsystemId, u16), ControllerLocal>,
     /// Namespaces removed while I/O was in flight: polled until drained, then dropped.
     draining: Vec<GroupNamespace>,
@@ -114,6 +116,7 @@ impl CoreCtx {
             info,
             subsystems: HashMap::new(),
             by_nqn: HashMap::new(),
+            referrals: Arc::new(Vec::new()),
             controllers: HashMap::new(),
             draining: Vec::new(),
             wakeups: Vec::with_capacity(256),
@@ -188,6 +191,7 @@ impl CoreCtx {
             };
             namespaces.insert(nsid, group_ns);
         }
+        let mut old_config = None;
         if let Some(old) = old {
             if old.config.nqn != config.nqn {
                 self.by_nqn.remove(&old.config.nqn);
@@ -196,13 +200,23 @@ impl CoreCtx {
                 changed.push(nsid);
                 self.retire_namespace(gone);
             }
+            old_config = Some(old.config);
         }
         self.by_nqn.insert(config.nqn.clone(), id);
-        self.subsystems
-            .insert(id, GroupSubsystem { config, namespaces });
-        if !changed.is_empty() {
-            self.notify_namespace_change(id, &changed);
-        }
+        self.subsystems.insert(
+            id,
+            GroupSubsystem {
+                config: Arc::clone(&config),
+                namespaces,
+            },
+        );
+        self.notify_namespace_change(id, &changed, old_config.as_deref(), &config);
+        self.notify_discovery_change();
+    }
+
+    /// Installs the target's discovery referrals; discovery controllers learn the log changed.
+    pub fn set_referrals(&mut self, referrals: Arc<Vec<Referral>>) {
+        self.referrals = referrals;
         self.notify_discovery_change();
     }
 
@@ -241,7 +255,22 @@ impl CoreCtx {
         }
     }
 
-    fn notify_namespace_change(&mut self, id: SubsystemId, nsids: &[u32]) {
+    /// Tells each of this reactor's controllers of the subsystem about the namespaces that
+    /// changed for its host: those added, removed or replaced that it sees before or after,
+    /// and those whose visibility to its host changed (namespace masking). A controller
+    /// that sees no difference hears nothing, as SPDK notifies only controllers a change is
+    /// visible to.
+    fn notify_namespace_change(
+        &mut self,
+        id: SubsystemId,
+        replaced: &[u32],
+        old: Option<&SubsystemConfig>,
+        new: &SubsystemConfig,
+    ) {
+        let masking_changed = old.is_some_and(|o| o.ns_hosts != new.ns_hosts);
+        if replaced.is_empty() && !masking_changed {
+            return;
+        }
         let keys: Vec<_> = self
             .controllers
             .keys()
@@ -249,10 +278,26 @@ impl CoreCtx {
             .copied()
             .collect();
         for key in keys {
-            if let Some(ctrl) = self.controllers.get_mut(&key) {
-                for &nsid in nsids {
-                    ctrl.note_changed_namespace(nsid);
-                }
+            let Some(ctrl) = self.controllers.get_mut(&key) else {
+                continue;
+            };
+            let host = ctrl.shared.hostnqn.clone();
+            let saw = |nsid: u32| old.is_some_and(|o| o.ns_visible_to(nsid, &host));
+            let mut nsids: Vec<u32> = replaced
+                .iter()
+                .copied()
+                .filter(|&nsid| saw(nsid) || new.ns_visible_to(nsid, &host))
+                .collect();
+            if masking_changed {
+                nsids.extend(new.namespaces.keys().copied().filter(|&nsid| {
+                    !replaced.contains(&nsid) && saw(nsid) != new.ns_visible_to(nsid, &host)
+                }));
+            }
+            if nsids.is_empty() {
+                continue;
+            }
+            for nsid in nsids {
+                ctrl.note_changed_namespace(nsid);
             }
             cmd::admin::raise_namespace_notice(self, key);
         }
@@ -500,11 +545,17 @@ impl CoreCtx {
             .collect()
     }
 
-    pub(crate) fn namespace(&self, subsystem: SubsystemId, nsid: u32) -> Option<&Arc<Namespace>> {
-        self.subsystems
-            .get(&subsystem)
-            .and_then(|s| s.namespaces.get(&nsid))
-            .map(|g| &g.ns)
+    /// The namespace if a controller of `hostnqn` sees it (namespace masking); a masked one is
+    /// an inactive NSID to every other host.
+    pub(crate) fn visible_namespace(
+        &self,
+        subsystem: SubsystemId,
+        nsid: u32,
+        hostnqn: &str,
+    ) -> Option<&Arc<Namespace>> {
+        let sub = self.subsystems.get(&subsystem)?;
+        let ns = &sub.namespaces.get(&nsid)?.ns;
+        sub.config.ns_visible(ns, hostnqn).then_some(ns)
     }
 
     pub(crate) fn subsystem(&self, id: SubsystemId) -> Option<&Arc<SubsystemConfig>> {

@@ -6,7 +6,7 @@
 //! allocation, the live controllers an I/O queue connect looks up) lives in [`SubsystemShared`],
 //! touched only on the connect and teardown paths.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -49,6 +49,24 @@ impl std::fmt::Display for ListenAddress {
     }
 }
 
+/// A discovery referral (`nvmf_discovery_add_referral`): another discovery service, or an NVM
+/// subsystem, that every discovery controller of this target lists in its log page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Referral {
+    pub address: ListenAddress,
+    /// The discovery NQN for a referral to a discovery service (SPDK's default).
+    pub subnqn: String,
+    /// TREQ says a secure channel is required to reach it.
+    pub secure_channel: bool,
+}
+
+impl Referral {
+    /// SPDK identifies a referral by its transport id (address and subsystem NQN).
+    pub fn same_target(&self, other: &Referral) -> bool {
+        self.address == other.address && self.subnqn == other.subnqn
+    }
+}
+
 /// A namespace: a bdev exported under an NSID with its identifiers.
 pub struct Namespace {
     pub nsid: u32,
@@ -56,6 +74,9 @@ pub struct Namespace {
     pub nguid: [u8; 16],
     pub uuid: [u8; 16],
     pub eui64: [u8; 8],
+    /// Visible to every host (SPDK's default). When false (`no_auto_visible`), only hosts in
+    /// the subsystem's [`SubsystemConfig::ns_hosts`] for this NSID see it.
+    pub auto_visible: bool,
     pub stats: NsStats,
 }
 
@@ -202,6 +223,10 @@ pub struct SubsystemConfig {
     pub hosts: Vec<String>,
     pub listeners: Vec<ListenAddress>,
     pub namespaces: BTreeMap<u32, Arc<Namespace>>,
+    /// Namespace masking: the host NQNs each `no_auto_visible` namespace is visible to
+    /// (`nvmf_ns_add_host`). Part of the snapshot, so a change reaches every reactor, and live
+    /// controllers, with the next update.
+    pub ns_hosts: BTreeMap<u32, BTreeSet<String>>,
     pub max_namespaces: u32,
     pub min_cntlid: u16,
     pub max_cntlid: u16,
@@ -222,6 +247,7 @@ impl SubsystemConfig {
             hosts: Vec::new(),
             listeners: Vec::new(),
             namespaces: BTreeMap::new(),
+            ns_hosts: BTreeMap::new(),
             max_namespaces: 0,
             min_cntlid: 1,
             max_cntlid: 0xFFEF,
@@ -245,6 +271,31 @@ impl SubsystemConfig {
 
     pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
         self.namespaces.get(&nsid)
+    }
+
+    /// Whether a controller of `hostnqn` sees namespace `nsid` (SPDK's per-controller
+    /// visible-namespace set, `nvmf_ctrlr_ns_is_visible`, which is a function of the host NQN).
+    pub fn ns_visible_to(&self, nsid: u32, hostnqn: &str) -> bool {
+        self.namespaces
+            .get(&nsid)
+            .is_some_and(|ns| self.ns_visible(ns, hostnqn))
+    }
+
+    /// [`Self::ns_visible_to`] for a namespace already looked up.
+    pub fn ns_visible(&self, ns: &Namespace, hostnqn: &str) -> bool {
+        ns.auto_visible
+            || self
+                .ns_hosts
+                .get(&ns.nsid)
+                .is_some_and(|hosts| hosts.contains(hostnqn))
+    }
+
+    /// The namespace `nsid` if a controller of `hostnqn` sees it: to that host a masked
+    /// namespace is an inactive NSID.
+    pub fn visible_namespace(&self, nsid: u32, hostnqn: &str) -> Option<&Arc<Namespace>> {
+        self.namespaces
+            .get(&nsid)
+            .filter(|ns| self.ns_visible(ns, hostnqn))
     }
 
     /// Highest NSID the subsystem may hold: Identify Controller's NN. An unlimited subsystem

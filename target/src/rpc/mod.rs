@@ -27,12 +27,16 @@ pub mod bdev;
 pub mod config_loader;
 pub mod framework;
 pub mod nvmf;
+pub mod nvmf_ns_hosts;
+pub mod nvmf_referrals;
 pub mod spdk_settings;
 
 pub use config_loader::{load_config, load_config_with, LoadOptions, LoadReport};
 
 #[cfg(test)]
 mod config_loader_tests;
+#[cfg(test)]
+mod nvmf_masking_tests;
 #[cfg(test)]
 mod tests;
 
@@ -315,6 +319,31 @@ pub static METHODS: &[Method] = &[
         nvmf::nvmf_subsystem_get_qpairs,
     ),
     m("nvmf_get_stats", RuntimeOnly, nvmf::nvmf_get_stats),
+    m(
+        "nvmf_ns_add_host",
+        RuntimeOnly,
+        nvmf_ns_hosts::nvmf_ns_add_host,
+    ),
+    m(
+        "nvmf_ns_remove_host",
+        RuntimeOnly,
+        nvmf_ns_hosts::nvmf_ns_remove_host,
+    ),
+    m(
+        "nvmf_discovery_add_referral",
+        RuntimeOnly,
+        nvmf_referrals::nvmf_discovery_add_referral,
+    ),
+    m(
+        "nvmf_discovery_remove_referral",
+        RuntimeOnly,
+        nvmf_referrals::nvmf_discovery_remove_referral,
+    ),
+    m(
+        "nvmf_discovery_get_referrals",
+        RuntimeOnly,
+        nvmf_referrals::nvmf_discovery_get_referrals,
+    ),
 ];
 
 /// Every method name, for registering with the server.

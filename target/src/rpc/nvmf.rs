@@ -220,7 +220,7 @@ pub struct GetSubsystemsParams {
     pub tgt_name: Option<String>,
 }
 
-fn address_json(a: &ListenAddress) -> Value {
+pub(crate) fn address_json(a: &ListenAddress) -> Value {
     json!({"trtype": a.trtype, "adrfam": a.adrfam, "traddr": a.traddr, "trsvcid": a.trsvcid})
 }
 
@@ -249,6 +249,7 @@ fn dump_subsystem(s: &SubsystemState) -> Value {
                         "nsid": ns.nsid,
                         "bdev_name": ns.bdev.name(),
                         "name": ns.bdev.name(),
+                        "no_auto_visible": !ns.auto_visible,
                     });
                     if ns.nguid != [0; 16] {
                         n["nguid"] = json!(hex_upper(&ns.nguid));
@@ -475,11 +476,6 @@ pub fn nvmf_subsystem_add_ns(c: &mut Control, params: Option<Value>) -> Result<V
         "ANA is not supported",
     )?;
     refuse_if(
-        ns.no_auto_visible,
-        "namespace.no_auto_visible",
-        "per-host namespace visibility is not supported",
-    )?;
-    refuse_if(
         ns.hide_metadata,
         "namespace.hide_metadata",
         "bdev metadata is not supported",
@@ -510,6 +506,7 @@ pub fn nvmf_subsystem_add_ns(c: &mut Control, params: Option<Value>) -> Result<V
             nguid,
             uuid,
             eui64,
+            no_auto_visible: ns.no_auto_visible,
         },
     )?;
     Ok(json!(nsid))
@@ -780,6 +777,7 @@ pub fn config(c: &Control) -> Vec<Value> {
     for t in c.target.transports() {
         out.push(entry("nvmf_create_transport", t.options()));
     }
+    out.extend(super::nvmf_referrals::config(c));
     let subs = subsystems_in_order(c);
     for s in subs.iter().filter(|s| s.kind == SubsystemKind::Discovery) {
         for a in &s.listeners {
@@ -810,7 +808,11 @@ pub fn config(c: &Control) -> Vec<Value> {
             ));
         }
         for ns in s.namespaces.values() {
-            let mut n = json!({"nsid": ns.nsid, "bdev_name": ns.bdev.name()});
+            let mut n = json!({
+                "nsid": ns.nsid,
+                "bdev_name": ns.bdev.name(),
+                "no_auto_visible": !ns.auto_visible,
+            });
             if ns.nguid != [0; 16] {
                 n["nguid"] = json!(hex_upper(&ns.nguid));
             }
@@ -824,6 +826,15 @@ pub fn config(c: &Control) -> Vec<Value> {
                 "nvmf_subsystem_add_ns",
                 json!({"nqn": s.nqn, "namespace": n}),
             ));
+        }
+        // Namespace masking, after the namespaces it applies to (SPDK's order).
+        for (nsid, hosts) in &s.ns_hosts {
+            for host in hosts {
+                out.push(entry(
+                    "nvmf_ns_add_host",
+                    json!({"nqn": s.nqn, "nsid": nsid, "host": host}),
+                ));
+            }
         }
     }
     out

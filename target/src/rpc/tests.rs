@@ -864,13 +864,6 @@ fn namespaces_add_remove_and_refusals() {
     refused(
         &mut c,
         "nvmf_subsystem_add_ns",
-        json!({"nqn": NQN1, "namespace": {"bdev_name": "Malloc0", "no_auto_visible": true}}),
-        EINVAL,
-        "no_auto_visible",
-    );
-    refused(
-        &mut c,
-        "nvmf_subsystem_add_ns",
         json!({"nqn": DISCOVERY_NQN_STR, "namespace": {"bdev_name": "Malloc0"}}),
         EINVAL,
         "discovery",
