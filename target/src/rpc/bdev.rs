@@ -1,14 +1,23 @@
 //! Bdev methods (`lib/bdev/bdev_rpc.c` and the modules' `*_rpc.c`): the create/delete/inject
 //! handlers live with each backend in `crate::bdev`; this file decodes their params and adds
 //! `bdev_get_bdevs` and the bdev part of `framework_get_config`.
+//!
+//! SPDK parameters a backend's own params struct does not carry are taken out here first
+//! ([`take_extra`]) and refused unless at their default, naming the parameter:
+//! - `bdev_null_create`: `preferred_write_granularity`, `preferred_write_alignment`,
+//!   `optimal_write_size`, `preferred_unmap_granularity`, `preferred_unmap_alignment` (I/O
+//!   hints SPDK reports in Identify Namespace; none are reported here), 0 only.
+//! - `bdev_aio_create`: `nowait` (submit with `RWF_NOWAIT`, failing creation on files that
+//!   cannot): false only (rpc.py 26.01 and later always send it).
 
 use std::collections::HashSet;
 
 use nvmf_rpc::RpcError;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{parse, Control};
+use super::{einval, parse, Control};
 use crate::bdev::{aio, delay, error_inject, malloc, null, uring, util, BdevRef, IoKind};
 
 macro_rules! wire {
@@ -21,9 +30,7 @@ macro_rules! wire {
 
 wire!(bdev_malloc_create, malloc::rpc_bdev_malloc_create);
 wire!(bdev_malloc_delete, malloc::rpc_bdev_malloc_delete);
-wire!(bdev_null_create, null::rpc_bdev_null_create);
 wire!(bdev_null_delete, null::rpc_bdev_null_delete);
-wire!(bdev_aio_create, aio::rpc_bdev_aio_create);
 wire!(bdev_aio_delete, aio::rpc_bdev_aio_delete);
 wire!(bdev_uring_create, uring::rpc_bdev_uring_create);
 wire!(bdev_uring_delete, uring::rpc_bdev_uring_delete);
@@ -43,6 +50,71 @@ wire!(
     bdev_error_resume_pending,
     error_inject::rpc_bdev_error_resume_pending
 );
+
+/// Removes the named members from object `params` and decodes each (a missing one is `None`);
+/// the rest is left for the backend's struct. A mistyped member is `-32602` naming it.
+fn take_extra<T: DeserializeOwned, const N: usize>(
+    params: &mut Option<Value>,
+    names: [&'static str; N],
+) -> Result<[(&'static str, Option<T>); N], RpcError> {
+    let mut out = names.map(|name| (name, None));
+    if let Some(Value::Object(map)) = params {
+        for (name, slot) in &mut out {
+            if let Some(v) = map.remove(*name) {
+                *slot = Some(serde_json::from_value(v).map_err(|e| {
+                    RpcError::invalid_params(format!("Invalid parameters: {name}: {e}"))
+                })?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `-EINVAL` naming the first extra parameter set to something other than `default`.
+fn refuse_non_default<T: PartialEq>(
+    extras: &[(&'static str, Option<T>)],
+    default: &T,
+    why: &str,
+) -> Result<(), RpcError> {
+    match extras
+        .iter()
+        .find(|(_, v)| v.as_ref().is_some_and(|v| v != default))
+    {
+        Some((name, _)) => Err(einval(format!("{name}: {why}"))),
+        None => Ok(()),
+    }
+}
+
+pub fn bdev_null_create(c: &mut Control, mut params: Option<Value>) -> Result<Value, RpcError> {
+    let hints = take_extra::<u32, 5>(
+        &mut params,
+        [
+            "preferred_write_granularity",
+            "preferred_write_alignment",
+            "optimal_write_size",
+            "preferred_unmap_granularity",
+            "preferred_unmap_alignment",
+        ],
+    )?;
+    let p = parse(params)?;
+    refuse_non_default(
+        &hints,
+        &0,
+        "I/O size and alignment hints are not reported to hosts here",
+    )?;
+    null::rpc_bdev_null_create(&mut c.target.bdevs, p)
+}
+
+pub fn bdev_aio_create(c: &mut Control, mut params: Option<Value>) -> Result<Value, RpcError> {
+    let nowait = take_extra::<bool, 1>(&mut params, ["nowait"])?;
+    let p = parse(params)?;
+    refuse_non_default(
+        &nowait,
+        &false,
+        "RWF_NOWAIT submission is not supported by the aio bdev here",
+    )?;
+    aio::rpc_bdev_aio_create(&mut c.target.bdevs, p)
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -19,12 +19,18 @@
 //!   through rdma_cm). Any value. `sock_set_default_impl`: `posix` only.
 //! - `vmd_enable`: refused (no VMD enumeration).
 //! - `nvmf_set_max_subsystems`: enforced by `nvmf_create_subsystem`.
-//! - `nvmf_set_config`: `discovery_filter` `match_any` (what discovery here does), every
-//!   `admin_cmd_passthru` false (nothing is passed through), DH-HMAC-CHAP digest/group lists
-//!   (they only restrict authentication, and no host can be given a key here); a
-//!   `poll_groups_mask` is refused.
+//! - `nvmf_set_config`: `discovery_filter` `match_any` and an empty `discovery_filters` (what
+//!   discovery here does: every listener is listed to every host), every `admin_cmd_passthru`
+//!   false (nothing is passed through), `dup_host_policy` `allow` (a host may connect through
+//!   any listener, as here), DH-HMAC-CHAP digest/group lists (they only restrict
+//!   authentication, and no host can be given a key here); a `poll_groups_mask` is refused.
 //! - `nvmf_set_crdt`: all zero (Identify reports no command retry delay).
-//! - `framework_set_scheduler`: `static` only (reactors are never rebalanced here).
+//! - `framework_set_scheduler`: `static` only (reactors are never rebalanced here). The dynamic
+//!   scheduler's thresholds (`load_limit`, `core_limit`, `core_busy`) and `period` tune a
+//!   scheduler that is not running: any value, logged at debug. The static scheduler's
+//!   `mappings` (move threads to named cores) is refused: poll groups stay on their cores.
+//! - `framework_get_config`: `with_batches` keeps SPDK's batched entries as arrays; no subsystem
+//!   here writes batches, so the answer is the same either way (any value).
 
 use nvmf_rpc::RpcError;
 use serde::Deserialize;
@@ -38,6 +44,25 @@ pub struct NoParams {}
 
 fn no_params(params: Option<Value>) -> Result<(), RpcError> {
     parse::<NoParams>(params).map(|_| ())
+}
+
+/// Logs, at debug, each parameter of `method` that was accepted and configures nothing here.
+pub(super) fn debug_ignored<'a>(method: &str, names: impl IntoIterator<Item = &'a str>) {
+    for name in names {
+        tracing::debug!(
+            method,
+            parameter = name,
+            "{method}: {name} accepted and ignored (it configures nothing here)"
+        );
+    }
+}
+
+/// The member names of an object `params` (for [`debug_ignored`]).
+fn keys(params: &Option<Value>) -> Vec<&str> {
+    match params {
+        Some(Value::Object(m)) => m.keys().map(String::as_str).collect(),
+        _ => Vec::new(),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -117,11 +142,17 @@ pub fn framework_get_subsystems(_: &mut Control, params: Option<Value>) -> Resul
 #[serde(deny_unknown_fields)]
 pub struct FrameworkGetConfigParams {
     pub name: String,
+    /// Entries are never batched here, so flattening them changes nothing.
+    #[serde(default)]
+    pub with_batches: Option<bool>,
 }
 
 /// The `{"method", "params"}` entries that recreate one subsystem's state, in replay order.
 pub fn framework_get_config(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
     let p: FrameworkGetConfigParams = parse(params)?;
+    if p.with_batches.is_some() {
+        debug_ignored("framework_get_config", ["with_batches"]);
+    }
     match p.name.as_str() {
         "bdev" => Ok(Value::Array(super::bdev::config(c))),
         "nvmf" => Ok(Value::Array(super::nvmf::config(c))),
@@ -138,17 +169,42 @@ pub struct SchedulerParams {
     /// How often the scheduler runs (µs); the static scheduler does nothing when it runs.
     #[serde(default)]
     pub period: Option<u64>,
+    /// Dynamic scheduler thresholds (percent).
+    #[serde(default)]
+    pub load_limit: Option<u8>,
+    #[serde(default)]
+    pub core_limit: Option<u8>,
+    #[serde(default)]
+    pub core_busy: Option<u8>,
+    /// Static scheduler: `thread:core` pairs to move threads to.
+    #[serde(default)]
+    pub mappings: Option<String>,
 }
 
 pub fn framework_set_scheduler(_: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
     let p: SchedulerParams = parse(params)?;
-    let _ = p.period;
     if p.name != "static" {
         return Err(einval(format!(
             "scheduler {}: only the static scheduler exists here (poll groups are never moved)",
             p.name
         )));
     }
+    if let Some(m) = p.mappings {
+        return Err(einval(format!(
+            "mappings {m}: moving threads to other cores is not supported (each poll group stays on its core)"
+        )));
+    }
+    debug_ignored(
+        "framework_set_scheduler",
+        [
+            ("period", p.period.is_some()),
+            ("load_limit", p.load_limit.is_some()),
+            ("core_limit", p.core_limit.is_some()),
+            ("core_busy", p.core_busy.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name)),
+    );
     Ok(Value::Bool(true))
 }
 
@@ -168,6 +224,7 @@ pub struct BdevSetOptionsParams {
 }
 
 pub fn bdev_set_options(_: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+    debug_ignored("bdev_set_options", keys(&params));
     parse::<BdevSetOptionsParams>(params)?;
     Ok(Value::Bool(true))
 }
@@ -179,6 +236,7 @@ pub fn bdev_wait_for_examine(_: &mut Control, params: Option<Value>) -> Result<V
 
 /// Accepts any object: every option of a module that does not exist is equally inert.
 pub fn bdev_nvme_set_options(_: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+    debug_ignored("bdev_nvme_set_options", keys(&params));
     parse::<Map<String, Value>>(params)?;
     Ok(Value::Bool(true))
 }
@@ -217,6 +275,7 @@ pub struct IobufSetOptionsParams {
 }
 
 pub fn iobuf_set_options(_: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+    debug_ignored("iobuf_set_options", keys(&params));
     parse::<IobufSetOptionsParams>(params)?;
     Ok(Value::Bool(true))
 }
@@ -237,6 +296,7 @@ pub struct AccelSetOptionsParams {
 }
 
 pub fn accel_set_options(_: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+    debug_ignored("accel_set_options", keys(&params));
     parse::<AccelSetOptionsParams>(params)?;
     Ok(Value::Bool(true))
 }
@@ -249,6 +309,10 @@ pub fn sock_impl_set_options(_: &mut Control, params: Option<Value>) -> Result<V
             "Invalid parameters: missing field `impl_name`",
         ));
     }
+    debug_ignored(
+        "sock_impl_set_options",
+        p.keys().map(String::as_str).filter(|k| *k != "impl_name"),
+    );
     Ok(Value::Bool(true))
 }
 
@@ -302,13 +366,41 @@ pub struct AdminCmdPassthru {
     #[serde(default)]
     pub identify_ctrlr: bool,
     #[serde(default)]
+    pub identify_uuid_list: bool,
+    #[serde(default)]
     pub get_log_page: bool,
     #[serde(default)]
     pub get_set_features: bool,
     #[serde(default)]
     pub sanitize: bool,
     #[serde(default)]
+    pub security_send_recv: bool,
+    #[serde(default)]
+    pub fw_update: bool,
+    #[serde(default)]
+    pub nvme_mi: bool,
+    #[serde(default)]
     pub vendor_specific: bool,
+}
+
+impl AdminCmdPassthru {
+    /// The commands asked to be passed through, by SPDK's names.
+    pub fn requested(&self) -> Vec<&'static str> {
+        [
+            ("identify_ctrlr", self.identify_ctrlr),
+            ("identify_uuid_list", self.identify_uuid_list),
+            ("get_log_page", self.get_log_page),
+            ("get_set_features", self.get_set_features),
+            ("sanitize", self.sanitize),
+            ("security_send_recv", self.security_send_recv),
+            ("fw_update", self.fw_update),
+            ("nvme_mi", self.nvme_mi),
+            ("vendor_specific", self.vendor_specific),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -316,6 +408,11 @@ pub struct AdminCmdPassthru {
 pub struct NvmfSetConfigParams {
     #[serde(default)]
     pub discovery_filter: Option<String>,
+    /// SPDK's bitmask as a list of names (`transport`, `address`, `svcid`); empty is match-any.
+    #[serde(default)]
+    pub discovery_filters: Option<Vec<String>>,
+    #[serde(default)]
+    pub dup_host_policy: Option<String>,
     #[serde(default)]
     pub poll_groups_mask: Option<String>,
     #[serde(default)]
@@ -335,23 +432,42 @@ pub fn nvmf_set_config(_: &mut Control, params: Option<Value>) -> Result<Value, 
             )));
         }
     }
+    if let Some(filters) = p.discovery_filters.filter(|f| !f.is_empty()) {
+        return Err(einval(format!(
+            "discovery_filters {}: filtering the discovery log is not supported (it lists every listener)",
+            filters.join(",")
+        )));
+    }
+    if let Some(policy) = p.dup_host_policy.as_deref() {
+        if policy != "allow" {
+            return Err(einval(format!(
+                "dup_host_policy {policy}: only allow is supported (a host may connect through any listener)"
+            )));
+        }
+    }
     if let Some(mask) = p.poll_groups_mask {
         return Err(einval(format!(
             "poll_groups_mask {mask}: poll group placement is set at start-up, not by RPC"
         )));
     }
     if let Some(a) = p.admin_cmd_passthru {
-        if a.identify_ctrlr
-            || a.get_log_page
-            || a.get_set_features
-            || a.sanitize
-            || a.vendor_specific
-        {
-            return Err(einval(
-                "admin_cmd_passthru: no admin command is passed through to a backing device here",
-            ));
+        let requested = a.requested();
+        if !requested.is_empty() {
+            return Err(einval(format!(
+                "admin_cmd_passthru ({}): no admin command is passed through to a backing device here",
+                requested.join(", ")
+            )));
         }
     }
+    debug_ignored(
+        "nvmf_set_config",
+        [
+            ("dhchap_digests", p.dhchap_digests.is_some()),
+            ("dhchap_dhgroups", p.dhchap_dhgroups.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name)),
+    );
     Ok(Value::Bool(true))
 }
 

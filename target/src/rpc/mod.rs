@@ -36,6 +36,8 @@ pub use config_loader::{load_config, load_config_with, LoadOptions, LoadReport};
 #[cfg(test)]
 mod config_loader_tests;
 #[cfg(test)]
+mod schema_tests;
+#[cfg(test)]
 mod nvmf_masking_tests;
 #[cfg(test)]
 mod tests;

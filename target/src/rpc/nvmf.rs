@@ -2,8 +2,14 @@
 //! (`spdk_nvmf_tgt_write_config_json`).
 //!
 //! Parameters SPDK has for features this target lacks (ANA, TLS secure channels, DH-HMAC-CHAP
-//! keys, persistent reservations, namespace masking, NVMe passthrough, NSSR, DMRSL/WZSL limits)
-//! are accepted only at their "off" value; anything else is `-EINVAL` naming the parameter.
+//! keys, persistent reservations, namespace masking, NVMe passthrough, NSSR, DMRSL/WZSL limits,
+//! `admin_label` of the extended discovery log page, bdev metadata) are accepted only at their
+//! "off" value; anything else is `-EINVAL` naming the parameter.
+//!
+//! Parameters that configure machinery absent here are accepted with any value and logged at
+//! debug: a listener's `sock_impl` (SPDK's socket layer: no listener here uses it) and
+//! `numa_id` (used only by SPDK's vfio-user transport). Every parameter of SPDK's schema
+//! (`tests/data/spdk-schema.yaml`) for these methods decodes; `rpc::schema_tests` walks it.
 
 use std::time::Instant;
 
@@ -118,6 +124,9 @@ pub struct CreateSubsystemParams {
     pub serial_number: Option<String>,
     #[serde(default)]
     pub model_number: Option<String>,
+    /// Extended discovery log page entry label.
+    #[serde(default)]
+    pub admin_label: Option<String>,
     #[serde(default)]
     pub tgt_name: Option<String>,
     #[serde(default)]
@@ -161,6 +170,11 @@ pub fn nvmf_create_subsystem(c: &mut Control, params: Option<Value>) -> Result<V
         p.enable_nssr,
         "enable_nssr",
         "NVM subsystem reset is not supported",
+    )?;
+    refuse_if(
+        p.admin_label.is_some(),
+        "admin_label",
+        "the extended discovery log page (which carries admin labels) is not supported",
     )?;
     refuse_if(
         p.max_discard_size_kib.is_some() || p.dmrsl.is_some_and(|v| v != 0),
@@ -367,6 +381,9 @@ pub struct AddListenerParams {
     pub ana_state: Option<String>,
     #[serde(default)]
     pub sock_impl: Option<String>,
+    /// NUMA node whose namespaces the listener may serve (SPDK: vfio-user only).
+    #[serde(default)]
+    pub numa_id: Option<i32>,
 }
 
 pub fn nvmf_subsystem_add_listener(
@@ -381,11 +398,15 @@ pub fn nvmf_subsystem_add_listener(
         "TLS secure channels are not supported",
     )?;
     refuse_if(p.ana_state.is_some(), "ana_state", "ANA is not supported")?;
-    refuse_if(
-        p.sock_impl.is_some(),
-        "sock_impl",
-        "no listener here uses SPDK's socket layer",
-    )?;
+    super::framework::debug_ignored(
+        "nvmf_subsystem_add_listener",
+        [
+            ("sock_impl", p.sock_impl.is_some()),
+            ("numa_id", p.numa_id.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name)),
+    );
     let addr = p.listen_address.to_address()?;
     c.target.add_listener(&p.nqn, addr)?;
     Ok(true_())

@@ -9,11 +9,19 @@
 //!   backlog and poll rate, work-request batching, abort timeout, I/O unit size). They are
 //!   validated here and handed to the transport factory with the rest, which must honour them
 //!   or refuse the transport.
+//! - Settings of machinery this target does not have, accepted with any value and logged at
+//!   debug: `iobuf_small_cache_size`/`iobuf_large_cache_size` (per-thread caches of SPDK's
+//!   shared iobuf pool; transports here own their buffer pools, sized by `num_shared_buffers`
+//!   and `buf_cache_size`) and the vfio-user transport's `disable_mappable_bar0`,
+//!   `disable_adaptive_irq` and `disable_shadow_doorbells` (no vfio-user transport exists here;
+//!   `rpc.py` sends all three on every call).
 //! - Features this target does not have (DIF insert/strip, zero-copy bdev I/O, masked ONCS or
 //!   fused commands, keep-alive overrides) and parameters of another transport type (`sock_priority`
 //!   on RDMA, say). Any value other than "off"/the default is refused with a message naming the
 //!   parameter, never accepted and ignored. The defaults are accepted because `rpc.py` always
-//!   sends `no_srq` and `c2h_success`, and SPDK's saved configs carry every common field.
+//!   sends `no_srq: false`, `c2h_success: true`, `zcopy`, `dif_insert_or_strip`,
+//!   `no_wr_batching` and `disable_command_passthru` all false (releases 25.05 to 26.09, whatever
+//!   the `-t`), and SPDK's saved configs carry every common field.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -190,6 +198,17 @@ pub struct TransportOptions {
     pub sock_priority: u32,
     #[serde(default = "d_control_msg_num")]
     pub control_msg_num: u32,
+    // Accepted with any value (module doc): SPDK's iobuf caches, then vfio-user.
+    #[serde(default)]
+    pub iobuf_small_cache_size: Option<u32>,
+    #[serde(default)]
+    pub iobuf_large_cache_size: Option<u32>,
+    #[serde(default)]
+    pub disable_mappable_bar0: Option<bool>,
+    #[serde(default)]
+    pub disable_adaptive_irq: Option<bool>,
+    #[serde(default)]
+    pub disable_shadow_doorbells: Option<bool>,
 }
 
 impl TransportOptions {
@@ -208,9 +227,41 @@ impl TransportOptions {
         })
     }
 
+    /// The parameters given that configure nothing here (module doc), by name.
+    pub fn ignored(&self) -> Vec<&'static str> {
+        [
+            (
+                "iobuf_small_cache_size",
+                self.iobuf_small_cache_size.is_some(),
+            ),
+            (
+                "iobuf_large_cache_size",
+                self.iobuf_large_cache_size.is_some(),
+            ),
+            (
+                "disable_mappable_bar0",
+                self.disable_mappable_bar0.is_some(),
+            ),
+            ("disable_adaptive_irq", self.disable_adaptive_irq.is_some()),
+            (
+                "disable_shadow_doorbells",
+                self.disable_shadow_doorbells.is_some(),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect()
+    }
+
     /// Checks every parameter; `Err` names the first one refused and why.
     pub fn validate(&self) -> Result<(), String> {
         let kind = self.kind()?;
+        for name in self.ignored() {
+            tracing::debug!(
+                parameter = name,
+                "nvmf_create_transport: {name} accepted and ignored (it configures nothing here)"
+            );
+        }
         let refuse = |field: &str, why: &str| Err(format!("{field}: {why}"));
         if self.dif_insert_or_strip {
             return refuse(
@@ -487,6 +538,35 @@ mod tests {
         )
         .unwrap();
         o.validate().unwrap();
+    }
+
+    #[test]
+    fn spdk_internal_and_vfio_user_settings_are_accepted_with_any_value() {
+        let o = parse(json!({
+            "trtype": "RDMA",
+            "iobuf_small_cache_size": 0,
+            "iobuf_large_cache_size": 4096,
+            "disable_mappable_bar0": true,
+            "disable_adaptive_irq": true,
+            "disable_shadow_doorbells": false,
+        }))
+        .unwrap();
+        o.validate().unwrap();
+        assert_eq!(
+            o.ignored(),
+            [
+                "iobuf_small_cache_size",
+                "iobuf_large_cache_size",
+                "disable_mappable_bar0",
+                "disable_adaptive_irq",
+                "disable_shadow_doorbells"
+            ]
+        );
+        // They configure nothing, so they change neither the limits nor the dump.
+        let d = TransportOptions::new("RDMA");
+        assert_eq!(o.limits(), d.limits());
+        assert_eq!(o.to_value(), d.to_value());
+        assert!(d.ignored().is_empty());
     }
 
     #[test]
