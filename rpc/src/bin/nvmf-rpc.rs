@@ -13,10 +13,24 @@ use nvmf_rpc::client::{Client, ClientError, Endpoint};
 use nvmf_rpc::DEFAULT_SOCKET_PATH;
 use serde_json::{json, Map, Value};
 
+const EXAMPLES: &str = "\
+Examples:
+  nvmf-rpc bdev_malloc_create -b Malloc0 64 4096        # 64 MiB RAM disk, 4 KiB blocks
+  nvmf-rpc nvmf_create_transport -t RDMA
+  nvmf-rpc nvmf_create_subsystem nqn.2016-06.io.spdk:cnode1 -a -s SPDK00000000000001
+  nvmf-rpc nvmf_subsystem_add_ns nqn.2016-06.io.spdk:cnode1 Malloc0
+  nvmf-rpc nvmf_subsystem_add_listener nqn.2016-06.io.spdk:cnode1 -t rdma -f ipv4 -a 10.0.0.1 -s 4420
+  nvmf-rpc save_config > config.json                    # nvmf-tgt -c config.json restores it
+  nvmf-rpc -s /run/nvmf/tgt.sock nvmf_get_subsystems    # another target's socket
+
+SPDK's own rpc.py (`pip install spdk`, then `spdk-rpc`) drives nvmf-tgt the same way.
+Exit status: 0 success, 1 an error (the request and the target's answer on stderr, then a hint).";
+
 #[derive(Parser)]
 #[command(
     name = "nvmf-rpc",
-    about = "JSON-RPC client for the NVMe-oF target (SPDK rpc.py compatible)"
+    about = "JSON-RPC client for the NVMe-oF target (SPDK rpc.py compatible)",
+    after_help = EXAMPLES
 )]
 struct Cli {
     /// RPC domain socket path or IP address.
@@ -845,11 +859,56 @@ fn report(err: &ClientError) {
                 pretty(&json!({"code": error.code, "message": error.message}), 2)
             );
         }
-        ClientError::Connect { .. } => {
-            eprintln!("{err}");
-            eprintln!("Is the target running?");
-        }
+        ClientError::Connect { .. } => eprintln!("{err}"),
         other => eprintln!("{other}"),
+    }
+    if let Some(hint) = hint(err) {
+        eprintln!("hint: {hint}");
+    }
+}
+
+/// What to change, for the failures people meet first: the wrong socket, its permissions, a
+/// method this target does not serve, a mistyped parameter, a call before or after init.
+fn hint(err: &ClientError) -> Option<String> {
+    match err {
+        ClientError::Connect { endpoint, source } => Some(match source.kind() {
+            std::io::ErrorKind::NotFound => format!(
+                "no socket at {endpoint}: start nvmf-tgt (it listens on {DEFAULT_SOCKET_PATH} \
+                 unless started with -r PATH), or point nvmf-rpc at its socket with -s PATH"
+            ),
+            std::io::ErrorKind::PermissionDenied => format!(
+                "{endpoint} is mode 0600, owned by the user that started nvmf-tgt: run nvmf-rpc \
+                 as that user, or start nvmf-tgt with --rpc-socket-group GROUP and join GROUP"
+            ),
+            std::io::ErrorKind::ConnectionRefused => format!(
+                "nothing serves {endpoint} (a stale socket or a stopped target): start nvmf-tgt, \
+                 or check -s/-p"
+            ),
+            _ => "check that nvmf-tgt is running and that -s/-p name its RPC endpoint".into(),
+        }),
+        ClientError::Timeout => Some(
+            "the target did not answer in time: raise -t SECONDS, or check nvmf-tgt's log".into(),
+        ),
+        ClientError::Rpc { request, error } => {
+            let method = request["method"].as_str().unwrap_or("");
+            match error.code {
+                nvmf_rpc::RpcError::METHOD_NOT_FOUND => Some(
+                    "this target does not serve that method: `nvmf-rpc rpc_get_methods` lists \
+                     the ones it does"
+                        .into(),
+                ),
+                nvmf_rpc::RpcError::INVALID_PARAMS => Some(format!(
+                    "fix the parameter the message names (`nvmf-rpc {method} --help` lists them)"
+                )),
+                -1 if error.message.contains("framework_start_init") => Some(
+                    "the target's init state does not allow this now: see the message; \
+                     `nvmf-rpc rpc_get_methods --current` lists what is callable"
+                        .into(),
+                ),
+                _ => None,
+            }
+        }
+        _ => None,
     }
 }
 
@@ -888,6 +947,24 @@ fn save_config(s: &mut Session) -> Result<Value, ClientError> {
 /// rpc.py's algorithm: check every method is known, then repeatedly run the entries callable in
 /// the current state, calling `framework_start_init` when it is callable, until nothing is
 /// left or nothing can run. Entries left over are reported and make the exit status non-zero.
+/// The calls one saved-config element makes: a `{"method", "params"}` object, or a batch (an
+/// array of them).
+fn config_calls(elem: &Value) -> Vec<(String, Option<Value>)> {
+    let one = |e: &Value| {
+        (
+            e.get("method")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            e.get("params").cloned(),
+        )
+    };
+    match elem {
+        Value::Array(items) => items.iter().map(one).collect(),
+        e => vec![one(e)],
+    }
+}
+
 fn load_config(s: &mut Session, config: Value, include_aliases: bool) -> Result<bool, ClientError> {
     let mut subsystems: Vec<(String, Vec<Value>)> = config
         .get("subsystems")
@@ -916,11 +993,12 @@ fn load_config(s: &mut Session, config: Value, include_aliases: bool) -> Result<
     }
     for (name, config) in &subsystems {
         for (i, elem) in config.iter().enumerate() {
-            let method = elem.get("method").and_then(Value::as_str).unwrap_or("");
-            if !known.iter().any(|m| m == method) {
-                return Err(ClientError::Protocol(format!(
-                    "Unknown method was included in the config file: subsystem {name}, entry {i}: {method:?}"
-                )));
+            for (method, _) in config_calls(elem) {
+                if !known.iter().any(|m| *m == method) {
+                    return Err(ClientError::Protocol(format!(
+                        "Unknown method was included in the config file: subsystem {name}, entry {i}: {method:?}"
+                    )));
+                }
             }
         }
     }
@@ -933,9 +1011,13 @@ fn load_config(s: &mut Session, config: Value, include_aliases: bool) -> Result<
         for (_, config) in subsystems.iter_mut() {
             let mut rest = Vec::new();
             for elem in config.drain(..) {
-                let method = elem["method"].as_str().unwrap_or("").to_string();
-                if current.contains(&method) {
-                    s.call(&method, elem.get("params").cloned())?;
+                let calls = config_calls(&elem);
+                // A batch (SPDK 26's `save_config --with-batches`) runs only when all of its
+                // methods may run now, then in order, as rpc.py does.
+                if !calls.is_empty() && calls.iter().all(|(m, _)| current.contains(m)) {
+                    for (method, params) in calls {
+                        s.call(&method, params)?;
+                    }
                     progressed = true;
                 } else {
                     rest.push(elem);
@@ -958,7 +1040,9 @@ fn load_config(s: &mut Session, config: Value, include_aliases: bool) -> Result<
         );
         for (name, config) in &subsystems {
             for elem in config {
-                eprintln!("  {name}: {}", elem["method"]);
+                for (method, _) in config_calls(elem) {
+                    eprintln!("  {name}: {method}");
+                }
             }
         }
         return Ok(false);
@@ -1025,5 +1109,68 @@ fn main() -> ExitCode {
             report(&e);
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvmf_rpc::RpcError;
+
+    fn connect_error(kind: std::io::ErrorKind) -> ClientError {
+        ClientError::Connect {
+            endpoint: "/tmp/x.sock".into(),
+            source: std::io::Error::from(kind),
+        }
+    }
+
+    #[test]
+    fn config_elements_are_calls_or_batches_of_calls() {
+        let one = json!({"method": "bdev_malloc_create", "params": {"name": "M0"}});
+        assert_eq!(
+            config_calls(&one),
+            vec![(
+                "bdev_malloc_create".to_string(),
+                Some(json!({"name": "M0"}))
+            )]
+        );
+        let batch = json!([
+            {"method": "nvmf_create_subsystem", "params": {"nqn": "n"}},
+            {"method": "framework_wait_init"}
+        ]);
+        let calls = config_calls(&batch);
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].0, "nvmf_create_subsystem");
+        assert_eq!(calls[1], ("framework_wait_init".to_string(), None));
+    }
+
+    #[test]
+    fn connect_failures_say_what_to_change() {
+        let missing = hint(&connect_error(std::io::ErrorKind::NotFound)).unwrap();
+        assert!(
+            missing.contains("-s PATH") && missing.contains("start nvmf-tgt"),
+            "{missing}"
+        );
+        let denied = hint(&connect_error(std::io::ErrorKind::PermissionDenied)).unwrap();
+        assert!(denied.contains("--rpc-socket-group"), "{denied}");
+        let refused = hint(&connect_error(std::io::ErrorKind::ConnectionRefused)).unwrap();
+        assert!(refused.contains("stale socket"), "{refused}");
+    }
+
+    #[test]
+    fn rpc_errors_point_to_the_fix() {
+        let rpc = |code, message: &str| ClientError::Rpc {
+            request: json!({"method": "nvmf_create_subsystem", "id": 1}),
+            error: RpcError::new(code, message),
+        };
+        let unknown = hint(&rpc(RpcError::METHOD_NOT_FOUND, "Method not found")).unwrap();
+        assert!(unknown.contains("rpc_get_methods"), "{unknown}");
+        let params = hint(&rpc(RpcError::INVALID_PARAMS, "Invalid parameters: nqn")).unwrap();
+        assert!(
+            params.contains("nvmf-rpc nvmf_create_subsystem --help"),
+            "{params}"
+        );
+        // A domain error's message already says what is wrong: no generic hint under it.
+        assert!(hint(&rpc(-17, "Subsystem already exists")).is_none());
     }
 }

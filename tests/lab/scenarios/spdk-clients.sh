@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# spdk-clients: SPDK's own JSON-RPC clients from PyPI (`spdk-rpc` = rpc.py, and `spdk-cli`), every
+# release in its own venv (tests/lab/spdk-clients installs them on the host), drive nvmf-tgt
+# through a whole admin cycle while the Linux host is connected:
+#   - bdevs (malloc, null, aio on ext4), the RDMA transport with rpc.py's full default
+#     parameter set, two subsystems, listeners, an allow list, namespaces;
+#   - the Linux host connects; namespaces added and removed live appear and disappear on it;
+#   - every *_get_* answer read back through SPDK's Python client, with SPDK's layout
+#     (spdk-check-getters.py), and `spdk-cli ls`;
+#   - save_config, spdk_kill_instance, a restart from the saved file (-c) gives the same config
+#     and the data written to the file namespace before is read back; load_config into a fresh
+#     target gives the same config again.
+# Arguments: RELEASES... (default: 25.5 25.9 26.1 26.5 26.9).
+source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
+lab_init spdk-clients
+
+releases=${*:-25.5 25.9 26.1 26.5 26.9}
+clients=${NVMF_LAB_CACHE:-/var/lib/nvmf-lab}/spdk-clients
+checker=$LAB_REPO/tests/lab/spdk-check-getters.py
+port=4420
+MiB=1048576
+lab_rxe_up
+lab_nvme_host_up
+hostnqn=$(cat /etc/nvme/hostnqn)
+mnt=$(lab_mount_tmp_ext4 200)
+
+# nvme_nsids NQN: the NSIDs the host sees under NQN, sorted, on one line.
+nvme_nsids() {
+    local d
+    for d in $(lab_nvme_dev "$1" 2>/dev/null); do cat "/sys/block/$(basename "$d")/nsid"; done |
+        sort -n | tr '\n' ' ' | sed 's/ $//'
+}
+wait_nsids() { # NQN "NSIDS" WHAT
+    local i
+    for i in $(seq 1 60); do
+        [[ $(nvme_nsids "$1") == "$2" ]] && return 0
+        sleep 0.5
+    done
+    lab_fail "$3: the host sees NSIDs '$(nvme_nsids "$1")', expected '$2'"
+}
+
+for release in $releases; do
+    venv=$clients/$release
+    [[ -x $venv/bin/spdk-rpc ]] ||
+        lab_fail "SPDK $release's clients are not installed in $venv: run tests/lab/spdk-clients on the host"
+    tag=${release//./}
+    nqn=nqn.2016-06.io.spdk:spdk-rpc-$tag
+    nqn2=nqn.2016-06.io.spdk:spdk-rpc-$tag-closed
+    aio_file=$mnt/aio-$tag.img
+    rpc() { lab_t 60 "$venv/bin/spdk-rpc" -s "$NVMF_RPC_SOCK" "$@"; }
+    lab_log "== SPDK $release: $("$venv/bin/python" -c 'import importlib.metadata as m; print("spdk", m.version("spdk"))')"
+
+    nvmf_tgt_start -m 0x1
+    lab_t 30 truncate -s 32M "$aio_file"
+    rpc bdev_malloc_create -b Malloc0 32 4096 >/dev/null || lab_fail "$release: bdev_malloc_create"
+    rpc bdev_malloc_create -b Malloc1 16 512 >/dev/null || lab_fail "$release: bdev_malloc_create 512"
+    rpc bdev_null_create Null0 64 4096 >/dev/null || lab_fail "$release: bdev_null_create"
+    rpc bdev_aio_create "$aio_file" Aio0 4096 >/dev/null || lab_fail "$release: bdev_aio_create"
+    rpc nvmf_create_transport -t RDMA >/dev/null || lab_fail "$release: nvmf_create_transport -t RDMA"
+    rpc nvmf_create_subsystem "$nqn" -a -s "SPDK$(printf '%016d' "$tag")" -d "spdk-rpc $release" -m 8 \
+        >/dev/null || lab_fail "$release: nvmf_create_subsystem"
+    rpc nvmf_create_subsystem "$nqn2" -s SPDK00000000000002 >/dev/null ||
+        lab_fail "$release: nvmf_create_subsystem (allow list)"
+    for n in "$nqn" "$nqn2"; do
+        rpc nvmf_subsystem_add_listener "$n" -t rdma -f ipv4 -a "$LAB_ADDR0" -s "$port" >/dev/null ||
+            lab_fail "$release: nvmf_subsystem_add_listener $n"
+    done
+    rpc nvmf_subsystem_add_ns "$nqn" Malloc0 >/dev/null || lab_fail "$release: nvmf_subsystem_add_ns"
+    rpc nvmf_subsystem_add_ns -n 7 "$nqn2" Aio0 >/dev/null || lab_fail "$release: nvmf_subsystem_add_ns -n 7"
+    rpc nvmf_subsystem_add_host "$nqn2" "$hostnqn" >/dev/null || lab_fail "$release: nvmf_subsystem_add_host"
+
+    # The Linux host on both subsystems; data on the file namespace to find after the restart.
+    lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port" >/dev/null
+    wait_nsids "$nqn" "1" "$release: first namespace"
+    aio_dev=$(lab_nvme_connect "$nqn2" "$LAB_ADDR0" "$port")
+    lab_t 30 head -c $MiB /dev/urandom >"$LAB_STATE/aio-$tag.bin"
+    lab_t 60 dd if="$LAB_STATE/aio-$tag.bin" of="$aio_dev" bs=64k oflag=direct status=none ||
+        lab_fail "$release: write to the file namespace"
+
+    # Namespaces added and removed live.
+    rpc nvmf_subsystem_add_ns "$nqn" Null0 >/dev/null || lab_fail "$release: live nvmf_subsystem_add_ns"
+    wait_nsids "$nqn" "1 2" "$release: namespace added live"
+    rpc nvmf_subsystem_add_ns -n 5 "$nqn" Malloc1 >/dev/null || lab_fail "$release: live add_ns -n 5"
+    wait_nsids "$nqn" "1 2 5" "$release: namespace 5 added live"
+    rpc nvmf_subsystem_remove_ns "$nqn" 2 >/dev/null || lab_fail "$release: live nvmf_subsystem_remove_ns"
+    wait_nsids "$nqn" "1 5" "$release: namespace removed live"
+    lab_log "$release: namespaces added and removed live: the host sees $(nvme_nsids "$nqn")"
+
+    # Every getter through SPDK's Python client, then spdk-cli's tree.
+    lab_t 120 "$venv/bin/python" "$checker" "$NVMF_RPC_SOCK" "$nqn2" "$hostnqn" Aio0 ||
+        lab_fail "$release: a *_get_* answer lacks SPDK's layout (above)"
+    lab_t 120 "$venv/bin/spdk-cli" -s "$NVMF_RPC_SOCK" ls >"$LAB_OUT/spdk-cli-ls-$tag.txt" 2>&1 ||
+        { cat "$LAB_OUT/spdk-cli-ls-$tag.txt" >&2; lab_fail "$release: spdk-cli ls"; }
+    for want in "$nqn" "$nqn2" Malloc0 Malloc1 Null0 Aio0; do
+        grep -qF "$want" "$LAB_OUT/spdk-cli-ls-$tag.txt" ||
+            { cat "$LAB_OUT/spdk-cli-ls-$tag.txt" >&2; lab_fail "$release: spdk-cli ls does not show $want"; }
+    done
+
+    # save_config, then stop through spdk_kill_instance.
+    rpc save_config >"$LAB_STATE/saved-$tag.json" || lab_fail "$release: save_config"
+    for s in bdev nvmf; do
+        rpc framework_get_config "$s" >"$LAB_STATE/before-$tag-$s.json" ||
+            lab_fail "$release: framework_get_config $s"
+    done
+    lab_t 60 nvme disconnect-all >/dev/null 2>&1 || true
+    rpc spdk_kill_instance SIGTERM >/dev/null || lab_fail "$release: spdk_kill_instance SIGTERM"
+    lab_wait_until 30 "nvmf-tgt to exit after spdk_kill_instance" sh -c "! kill -0 $NVMF_TGT_PID" ||
+        lab_fail "$release: nvmf-tgt still running after spdk_kill_instance"
+    wait "$NVMF_TGT_PID" 2>/dev/null || true
+    NVMF_TGT_PID=
+
+    # Restart from the saved file: the same config, and the host reads its data back.
+    nvmf_tgt_start -m 0x1 -c "$LAB_STATE/saved-$tag.json"
+    for s in bdev nvmf; do
+        rpc framework_get_config "$s" >"$LAB_STATE/after-$tag-$s.json"
+        diff -u "$LAB_STATE/before-$tag-$s.json" "$LAB_STATE/after-$tag-$s.json" >&2 ||
+            lab_fail "$release: framework_get_config $s differs after a restart from save_config"
+    done
+    aio_dev=$(lab_nvme_connect "$nqn2" "$LAB_ADDR0" "$port")
+    lab_t 60 dd if="$aio_dev" of="$LAB_STATE/back-$tag.bin" bs=64k count=16 iflag=direct status=none
+    cmp -s "$LAB_STATE/aio-$tag.bin" "$LAB_STATE/back-$tag.bin" ||
+        lab_fail "$release: the file namespace's data differs after the restart"
+    lab_nvme_disconnect "$nqn2"
+    nvmf_tgt_stop
+
+    # load_config into a fresh target.
+    nvmf_tgt_start -m 0x1
+    lab_t 120 "$venv/bin/spdk-rpc" -s "$NVMF_RPC_SOCK" load_config <"$LAB_STATE/saved-$tag.json" ||
+        lab_fail "$release: load_config"
+    for s in bdev nvmf; do
+        rpc framework_get_config "$s" >"$LAB_STATE/loaded-$tag-$s.json"
+        diff -u "$LAB_STATE/before-$tag-$s.json" "$LAB_STATE/loaded-$tag-$s.json" >&2 ||
+            lab_fail "$release: framework_get_config $s differs after load_config"
+    done
+    lab_nvme_connect "$nqn" "$LAB_ADDR0" "$port" >/dev/null
+    wait_nsids "$nqn" "1 5" "$release: namespaces after load_config"
+    lab_nvme_disconnect "$nqn"
+    nvmf_tgt_stop
+    rm -f "$aio_file"
+    lab_log "$release: PASS (admin cycle, getters, spdk-cli ls, save_config, restart, load_config)"
+done
+lab_pass "SPDK's spdk-rpc and spdk-cli ($releases) drive nvmf-tgt through a whole admin cycle with the Linux host connected"
