@@ -77,10 +77,29 @@ pub fn check_cores(cores: &[usize]) -> Result<(), CoreMaskError> {
 }
 
 /// Busy/idle accounting of one reactor, readable from any thread.
+///
+/// Time is split at the moments the reactor reads the clock anyway (an idle streak reaching
+/// [`IDLE_TURNS_BEFORE_CLOCK`] turns, work arriving after such a streak) plus once per 1024
+/// turns: a short gap between completions counts as busy time, and the busy path reads no
+/// clock per turn.
 #[derive(Debug, Default)]
 pub struct ReactorStats {
     pub busy_turns: AtomicU64,
     pub idle_turns: AtomicU64,
+    /// Nanoseconds spent working (and in idle streaks too short to look at the clock).
+    pub busy_ns: AtomicU64,
+    /// Nanoseconds spent idle: spinning, yielding or napping with nothing to do.
+    pub idle_ns: AtomicU64,
+    /// The reactor thread's OS thread id (0 until it started).
+    pub tid: AtomicU64,
+}
+
+/// The calling thread's OS thread id, read from `/proc/thread-self` (0 where there is none).
+fn current_tid() -> u64 {
+    std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|p| p.file_name()?.to_str()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Idle turns spun before the reactor starts looking at the clock: a short gap between two
@@ -120,6 +139,7 @@ impl Reactor {
                 if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
                     tracing::warn!(core, "could not pin reactor to its core");
                 }
+                stats.tid.store(current_tid(), Ordering::Relaxed);
                 let (mut state, handle) = make();
                 let _ = tx.send(handle);
                 run(&mut state, &stop, &stats);
@@ -165,16 +185,32 @@ fn run<S: Pollable>(state: &mut S, stop: &AtomicBool, stats: &ReactorStats) {
     let mut idle: u32 = 0;
     let mut idle_since: Option<Instant> = None;
     let (mut busy_turns, mut idle_turns) = (0u64, 0u64);
+    // Time accounting: the start of the period not yet added to busy_ns or idle_ns. The
+    // period is idle from `idle_since` on, busy before it.
+    let mut period_start = Instant::now();
+    let (mut busy_ns, mut idle_ns) = (0u64, 0u64);
+    let ns = |from: Instant, to: Instant| to.saturating_duration_since(from).as_nanos() as u64;
     while !stop.load(Ordering::Relaxed) {
         if state.poll() > 0 {
             idle = 0;
-            idle_since = None;
+            if let Some(since) = idle_since.take() {
+                let now = Instant::now();
+                // A flush during the streak already counted its start.
+                idle_ns += ns(since.max(period_start), now);
+                period_start = now;
+            }
             busy_turns += 1;
         } else {
             idle = idle.saturating_add(1);
             idle_turns += 1;
             if idle >= IDLE_TURNS_BEFORE_CLOCK {
-                let waited = idle_since.get_or_insert_with(Instant::now).elapsed();
+                let since = *idle_since.get_or_insert_with(|| {
+                    let now = Instant::now();
+                    busy_ns += ns(period_start, now);
+                    period_start = now;
+                    now
+                });
+                let waited = since.elapsed();
                 if waited >= NAP_AFTER {
                     std::thread::sleep(NAP);
                 } else if waited >= YIELD_AFTER {
@@ -184,12 +220,38 @@ fn run<S: Pollable>(state: &mut S, stop: &AtomicBool, stats: &ReactorStats) {
         }
         // Publish counters in batches: one relaxed store per 1024 turns, not per turn.
         if (busy_turns + idle_turns) & 1023 == 0 {
+            flush_time(&mut period_start, idle_since, &mut busy_ns, &mut idle_ns);
             stats.busy_turns.store(busy_turns, Ordering::Relaxed);
             stats.idle_turns.store(idle_turns, Ordering::Relaxed);
+            stats.busy_ns.store(busy_ns, Ordering::Relaxed);
+            stats.idle_ns.store(idle_ns, Ordering::Relaxed);
         }
     }
+    flush_time(&mut period_start, idle_since, &mut busy_ns, &mut idle_ns);
     stats.busy_turns.store(busy_turns, Ordering::Relaxed);
     stats.idle_turns.store(idle_turns, Ordering::Relaxed);
+    stats.busy_ns.store(busy_ns, Ordering::Relaxed);
+    stats.idle_ns.store(idle_ns, Ordering::Relaxed);
+}
+
+/// Adds the time since `period_start` to busy or idle (idle once the current idle streak
+/// started looking at the clock) and starts a new period now.
+fn flush_time(
+    period_start: &mut Instant,
+    idle_since: Option<Instant>,
+    busy_ns: &mut u64,
+    idle_ns: &mut u64,
+) {
+    let now = Instant::now();
+    match idle_since {
+        Some(since) if since > *period_start => {
+            *busy_ns += since.duration_since(*period_start).as_nanos() as u64;
+            *idle_ns += now.saturating_duration_since(since).as_nanos() as u64;
+        }
+        Some(_) => *idle_ns += now.saturating_duration_since(*period_start).as_nanos() as u64,
+        None => *busy_ns += now.saturating_duration_since(*period_start).as_nanos() as u64,
+    }
+    *period_start = now;
 }
 
 #[cfg(test)]
@@ -302,5 +364,34 @@ mod tests {
         assert!(shut.load(Ordering::Acquire));
         assert_eq!(stats.busy_turns.load(Ordering::Relaxed), 5);
         assert!(stats.idle_turns.load(Ordering::Relaxed) >= 95);
+        assert!(stats.busy_ns.load(Ordering::Relaxed) > 0);
+        assert_ne!(stats.tid.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn an_idle_reactor_accounts_its_time_as_idle() {
+        let turns = Arc::new(AtomicU64::new(0));
+        let shut = Arc::new(AtomicBool::new(false));
+        let (t, s) = (Arc::clone(&turns), Arc::clone(&shut));
+        let (reactor, ()) = Reactor::spawn(0, "idle-reactor".into(), move || {
+            let state = Counter {
+                turns: t,
+                work_left: 0,
+                shut: s,
+            };
+            (state, ())
+        })
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let stats = Arc::clone(&reactor.stats);
+        reactor.join();
+        let (busy, idle) = (
+            stats.busy_ns.load(Ordering::Relaxed),
+            stats.idle_ns.load(Ordering::Relaxed),
+        );
+        // 200 ms with nothing to do: idle time dominates; only the first idle streak's 64
+        // turns before the clock count as busy.
+        assert!(idle >= 100_000_000, "idle {idle} ns");
+        assert!(busy < idle / 4, "busy {busy} ns, idle {idle} ns");
     }
 }

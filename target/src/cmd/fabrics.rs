@@ -171,6 +171,7 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
         q.subsystem = Some(config.id);
         req.complete_with(Status::SUCCESS, connect_success_dw0(ctrl.cntlid, 0));
         q.ctrl = Some(ctrl);
+        core.stats.queue_connected(true);
         return Exec::Complete;
     }
 
@@ -203,6 +204,7 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
     q.subsystem = Some(config.id);
     req.complete_with(Status::SUCCESS, connect_success_dw0(ctrl.cntlid, 0));
     q.ctrl = Some(ctrl);
+    core.stats.queue_connected(false);
     Exec::Complete
 }
 

@@ -13,6 +13,10 @@ pub struct LatencyHistogram {
     /// `counts[i]`: commands that took at most `bound_us(i)` but more than `bound_us(i - 1)`.
     pub counts: [u64; BUCKETS],
     pub sum_ns: u64,
+    /// Slowest command (0 before the first).
+    pub max_ns: u64,
+    /// Fastest command (`u64::MAX` before the first, as SPDK keeps it).
+    pub min_ns: u64,
 }
 
 impl Default for LatencyHistogram {
@@ -20,6 +24,8 @@ impl Default for LatencyHistogram {
         Self {
             counts: [0; BUCKETS],
             sum_ns: 0,
+            max_ns: 0,
+            min_ns: u64::MAX,
         }
     }
 }
@@ -37,6 +43,8 @@ impl LatencyHistogram {
         let i = (u64::BITS - (us - 1).leading_zeros()) as usize;
         self.counts[i.min(BUCKETS - 1)] += 1;
         self.sum_ns = self.sum_ns.saturating_add(ns);
+        self.max_ns = self.max_ns.max(ns);
+        self.min_ns = self.min_ns.min(ns);
     }
 
     pub fn count(&self) -> u64 {
@@ -48,6 +56,8 @@ impl LatencyHistogram {
             *a += b;
         }
         self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
+        self.max_ns = self.max_ns.max(other.max_ns);
+        self.min_ns = self.min_ns.min(other.min_ns);
     }
 }
 
@@ -85,6 +95,8 @@ mod tests {
             );
         }
         assert_eq!(h.count(), 9);
+        assert_eq!((h.min_ns, h.max_ns), (1, u64::MAX));
+        assert_eq!(LatencyHistogram::default().min_ns, u64::MAX);
         assert_eq!(LatencyHistogram::bound_us(0), Some(1));
         assert_eq!(LatencyHistogram::bound_us(10), Some(1024));
         assert_eq!(LatencyHistogram::bound_us(BUCKETS - 1), None);
@@ -92,5 +104,6 @@ mod tests {
         sum.merge(&h);
         sum.merge(&h);
         assert_eq!(sum.count(), 18);
+        assert_eq!((sum.min_ns, sum.max_ns), (1, u64::MAX));
     }
 }

@@ -39,7 +39,7 @@ pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
 /// (keep-alive granularity is 100 ms, the connect timeout seconds).
 pub const TICK_MS: u64 = 10;
 
-pub use poll_group::{PollGroup, PollGroupHandle, PollGroupMsg};
+pub use poll_group::{GroupStats, PollGroup, PollGroupHandle, PollGroupMsg};
 
 /// What a finished I/O command counts as in its namespace's statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +107,8 @@ pub struct CoreCtx {
     /// Whether this turn is a timer tick (see [`TICK_MS`]), and when the next one is due.
     tick: bool,
     next_tick_ms: u64,
+    /// This reactor's `nvmf_get_stats` counters.
+    pub stats: GroupStats,
 }
 
 impl CoreCtx {
@@ -126,6 +128,7 @@ impl CoreCtx {
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             tick: true,
             next_tick_ms: 0,
+            stats: GroupStats::default(),
         }
     }
 
@@ -378,6 +381,9 @@ impl CoreCtx {
 
     fn after(&mut self, q: &QueueState, req: &Request, exec: Exec) -> Exec {
         if exec == Exec::Complete {
+            if !q.is_admin() && req.cmd.opcode != FABRICS_OPCODE {
+                self.stats.completed_nvme_io += 1;
+            }
             let status = req.status();
             if !status.is_success() {
                 self.note_error(q, req, status);
@@ -399,6 +405,7 @@ impl CoreCtx {
     pub fn queue_closed(&mut self, q: &mut QueueState) {
         let Some(ctrl) = q.ctrl.take() else { return };
         if q.is_admin() {
+            self.stats.current_admin_qpairs = self.stats.current_admin_qpairs.saturating_sub(1);
             ctrl.fail();
             let key = (ctrl.subsystem_id, ctrl.cntlid);
             if let Some(mut local) = self.controllers.remove(&key) {
@@ -411,6 +418,7 @@ impl CoreCtx {
             }
             tracing::info!(cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, hostnqn = %ctrl.hostnqn, "controller destroyed");
         } else {
+            self.stats.current_io_qpairs = self.stats.current_io_qpairs.saturating_sub(1);
             ctrl.release_qid(q.qid);
         }
     }
@@ -487,10 +495,12 @@ impl CoreCtx {
             .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
         if !gns.retry.is_empty() {
             gns.retry.push_back(io);
+            self.stats.pending_bdev_io += 1;
             return Ok(());
         }
         if let Err(io) = gns.channel.submit(io) {
             gns.retry.push_back(io);
+            self.stats.pending_bdev_io += 1;
         }
         Ok(())
     }

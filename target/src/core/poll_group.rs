@@ -34,6 +34,36 @@ impl PollGroupHandle {
     }
 }
 
+/// A reactor's queue pair and command counters, as SPDK's `spdk_nvmf_poll_group_stat`
+/// reports them in `nvmf_get_stats`. Plain integers: only the reactor writes them, readers get
+/// a copy through a poll group message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupStats {
+    /// Admin queues connected on this reactor since it started.
+    pub admin_qpairs: u64,
+    /// I/O queues connected on this reactor since it started.
+    pub io_qpairs: u64,
+    pub current_admin_qpairs: u64,
+    pub current_io_qpairs: u64,
+    /// Bdev I/Os the backend refused for lack of resources and that waited for a retry.
+    pub pending_bdev_io: u64,
+    /// Commands completed on I/O queues (Fabrics commands excluded).
+    pub completed_nvme_io: u64,
+}
+
+impl GroupStats {
+    /// A queue's Connect succeeded.
+    pub fn queue_connected(&mut self, admin: bool) {
+        if admin {
+            self.admin_qpairs += 1;
+            self.current_admin_qpairs += 1;
+        } else {
+            self.io_qpairs += 1;
+            self.current_io_qpairs += 1;
+        }
+    }
+}
+
 pub struct PollGroup {
     pub core: CoreCtx,
     inbox: Arc<SegQueue<PollGroupMsg>>,
@@ -96,6 +126,11 @@ impl PollGroup {
 
     pub fn qpair_count(&self) -> usize {
         self.transports.iter().map(|t| t.qpair_count()).sum()
+    }
+
+    /// Each transport group's `nvmf_get_stats` fields, in transport order.
+    pub fn transport_stats(&self) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        self.transports.iter().map(|t| t.dump_stats()).collect()
     }
 
     /// One turn of the reactor loop; returns how much work was done (0 = idle).

@@ -23,22 +23,27 @@ use crate::target::Target;
 use crate::transport::options::TransportOptions;
 use crate::transport::Transport;
 
+pub mod app;
 pub mod bdev;
 pub mod config_loader;
 pub mod framework;
+pub mod log;
 pub mod nvmf;
 pub mod nvmf_ns_hosts;
 pub mod nvmf_referrals;
 pub mod spdk_settings;
+pub mod stats;
 
 pub use config_loader::{load_config, load_config_with, LoadOptions, LoadReport};
 
 #[cfg(test)]
 mod config_loader_tests;
 #[cfg(test)]
+mod nvmf_masking_tests;
+#[cfg(test)]
 mod schema_tests;
 #[cfg(test)]
-mod nvmf_masking_tests;
+mod stats_tests;
 #[cfg(test)]
 mod tests;
 
@@ -80,6 +85,13 @@ pub struct Control {
     pub max_subsystems: u32,
     /// How long `nvmf_get_stats` waits for each poll group's answer.
     pub stats_timeout: Duration,
+    /// The reactors' busy/idle accounting, in poll group order (`thread_get_stats`,
+    /// `framework_get_reactors`); empty when the poll groups run on no reactor.
+    pub reactors: Vec<crate::metrics::ReactorCounters>,
+    /// The `log_*` methods' settings.
+    pub log: log::LogControl,
+    /// What `spdk_kill_instance` calls; without one the method fails.
+    pub on_kill: Option<app::KillHook>,
 }
 
 impl Control {
@@ -92,6 +104,9 @@ impl Control {
             on_start_init: None,
             max_subsystems: DEFAULT_MAX_SUBSYSTEMS,
             stats_timeout: Duration::from_secs(2),
+            reactors: Vec::new(),
+            log: log::LogControl::default(),
+            on_kill: None,
         }
     }
 }
@@ -320,7 +335,23 @@ pub static METHODS: &[Method] = &[
         RuntimeOnly,
         nvmf::nvmf_subsystem_get_qpairs,
     ),
-    m("nvmf_get_stats", RuntimeOnly, nvmf::nvmf_get_stats),
+    m("nvmf_get_stats", RuntimeOnly, stats::nvmf_get_stats),
+    // Statistics, logging, the application (stats.rs, log.rs, app.rs).
+    m("bdev_get_iostat", RuntimeOnly, stats::bdev_get_iostat),
+    m("thread_get_stats", RuntimeOnly, stats::thread_get_stats),
+    m(
+        "framework_get_reactors",
+        RuntimeOnly,
+        stats::framework_get_reactors,
+    ),
+    m("log_set_level", Always, log::log_set_level),
+    m("log_get_level", Always, log::log_get_level),
+    m("log_set_print_level", Always, log::log_set_print_level),
+    m("log_get_print_level", Always, log::log_get_print_level),
+    m("log_set_flag", Always, log::log_set_flag),
+    m("log_clear_flag", Always, log::log_clear_flag),
+    m("log_get_flags", Always, log::log_get_flags),
+    m("spdk_kill_instance", RuntimeOnly, app::spdk_kill_instance),
     m(
         "nvmf_ns_add_host",
         RuntimeOnly,

@@ -11,7 +11,6 @@
 //! `numa_id` (used only by SPDK's vfio-user transport). Every parameter of SPDK's schema
 //! (`tests/data/spdk-schema.yaml`) for these methods decodes; `rpc::schema_tests` walks it.
 
-use std::time::Instant;
 
 use nvmf_common::spec::nqn::DISCOVERY_NQN;
 use nvmf_rpc::RpcError;
@@ -639,7 +638,7 @@ pub fn nvmf_subsystem_allow_any_host(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Controllers, qpairs, stats
+// Controllers, qpairs (statistics are in stats.rs)
 
 fn group_name(index: usize) -> String {
     format!("nvmf_tgt_poll_group_{index:03}")
@@ -700,77 +699,6 @@ pub fn nvmf_subsystem_get_qpairs(
         }
     }
     Ok(Value::Array(out))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GetStatsParams {
-    #[serde(default)]
-    pub tgt_name: Option<String>,
-}
-
-/// Asks every poll group for its counters (a message each, answered through a channel) and
-/// adds the per-namespace I/O counters. A poll group that does not answer within
-/// `Control::stats_timeout` fails the call with `-ETIMEDOUT`.
-pub fn nvmf_get_stats(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
-    let p: GetStatsParams = parse(params)?;
-    check_tgt_name(p.tgt_name.as_deref())?;
-    let (tx, rx) = crossbeam::channel::unbounded::<(usize, Value)>();
-    let groups = c.target.poll_groups();
-    for pg in groups {
-        let tx = tx.clone();
-        pg.send(move |pg| {
-            let stats = json!({
-                "name": group_name(pg.core.group),
-                "current_qpairs": pg.qpair_count(),
-                "pending_bdev_io": pg.core.io_in_flight(),
-            });
-            let _ = tx.send((pg.core.group, stats));
-        });
-    }
-    drop(tx);
-    let deadline = Instant::now() + c.stats_timeout;
-    let mut answers: Vec<(usize, Value)> = Vec::with_capacity(groups.len());
-    while answers.len() < groups.len() {
-        match rx.recv_deadline(deadline) {
-            Ok(a) => answers.push(a),
-            Err(_) => {
-                let missing: Vec<usize> = groups
-                    .iter()
-                    .map(|g| g.index())
-                    .filter(|i| !answers.iter().any(|(a, _)| a == i))
-                    .collect();
-                return Err(RpcError::errno(
-                    libc::ETIMEDOUT,
-                    format!(
-                        "poll groups {missing:?} did not answer within {:?}",
-                        c.stats_timeout
-                    ),
-                ));
-            }
-        }
-    }
-    answers.sort_by_key(|(i, _)| *i);
-    let mut namespaces = Vec::new();
-    for s in subsystems_in_order(c) {
-        for ns in s.namespaces.values() {
-            let st = ns.stats.snapshot();
-            namespaces.push(json!({
-                "nqn": s.nqn,
-                "nsid": ns.nsid,
-                "bdev_name": ns.bdev.name(),
-                "read_ops": st.read_ops,
-                "write_ops": st.write_ops,
-                "bytes_read": st.bytes_read,
-                "bytes_written": st.bytes_written,
-                "errors": st.errors,
-            }));
-        }
-    }
-    Ok(json!({
-        "poll_groups": answers.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
-        "namespaces": namespaces,
-    }))
 }
 
 // ---------------------------------------------------------------------------------------------

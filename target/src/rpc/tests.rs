@@ -1563,8 +1563,10 @@ fn stats_controllers_and_qpairs_through_live_poll_groups() {
     assert_eq!(groups.len(), 2);
     assert_eq!(groups[0]["name"], "nvmf_tgt_poll_group_000");
     assert_eq!(groups[1]["name"], "nvmf_tgt_poll_group_001");
-    assert_eq!(stats["namespaces"][0]["bdev_name"], "Malloc0");
-    assert_eq!(stats["namespaces"][0]["read_ops"], 0);
+    assert_eq!(stats["tick_rate"], 1_000_000_000u64);
+    let iostat = ok(&mut c, "bdev_get_iostat", json!({"name": "Malloc0"}));
+    assert_eq!(iostat["bdevs"][0]["name"], "Malloc0");
+    assert_eq!(iostat["bdevs"][0]["num_read_ops"], 0);
     refused(
         &mut c,
         "nvmf_get_stats",
@@ -1608,7 +1610,7 @@ fn stats_controllers_and_qpairs_through_live_poll_groups() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|g| g["current_qpairs"].as_u64().unwrap())
+        .map(|g| g["current_admin_qpairs"].as_u64().unwrap())
         .sum();
     assert_eq!(total, 1, "{stats}");
 

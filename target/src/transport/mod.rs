@@ -76,6 +76,12 @@ pub trait TransportPollGroup {
 
     /// Transport-specific messages (new qpairs from an acceptor, ...).
     fn as_any_mut(&mut self) -> &mut dyn Any;
+
+    /// This group's transport-specific `nvmf_get_stats` fields, written next to its "trtype"
+    /// (SPDK's optional `poll_group_dump_stat`): none unless the transport has some.
+    fn dump_stats(&self) -> serde_json::Map<String, serde_json::Value> {
+        serde_json::Map::new()
+    }
 }
 
 /// A transport as the control plane sees it: created by `nvmf_create_transport`, listening
