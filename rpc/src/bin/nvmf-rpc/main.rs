@@ -283,6 +283,8 @@ enum Cmd {
         #[arg(short = 't', long = "tgt-name")]
         tgt_name: Option<String>,
     },
+    #[command(flatten)]
+    Admin(admin::AdminCmd),
 }
 
 #[derive(Args)]
@@ -522,6 +524,8 @@ impl From<u64> for Opt {
         Opt(Some(json!(v)))
     }
 }
+
+mod admin;
 
 /// `discovery` is rpc.py's shortcut for the discovery NQN.
 fn subsystem_nqn(nqn: String) -> String {
@@ -815,6 +819,7 @@ fn request(cmd: Cmd) -> Result<Request, String> {
             some(params! {"nqn" => a.nqn, "tgt_name" => a.tgt_name}),
         ),
         NvmfGetStats { tgt_name } => ("nvmf_get_stats", some(params! {"tgt_name" => tgt_name})),
+        Admin(cmd) => admin::request(cmd),
     })
 }
 
@@ -994,7 +999,7 @@ fn load_config(s: &mut Session, config: Value, include_aliases: bool) -> Result<
     for (name, config) in &subsystems {
         for (i, elem) in config.iter().enumerate() {
             for (method, _) in config_calls(elem) {
-                if !known.iter().any(|m| *m == method) {
+                if !known.contains(&method) {
                     return Err(ClientError::Protocol(format!(
                         "Unknown method was included in the config file: subsystem {name}, entry {i}: {method:?}"
                     )));
