@@ -11,7 +11,6 @@
 //! `numa_id` (used only by SPDK's vfio-user transport). Every parameter of SPDK's schema
 //! (`tests/data/spdk-schema.yaml`) for these methods decodes; `rpc::schema_tests` walks it.
 
-
 use nvmf_common::spec::nqn::DISCOVERY_NQN;
 use nvmf_rpc::RpcError;
 use serde::Deserialize;
