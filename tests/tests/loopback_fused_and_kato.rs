@@ -1,11 +1,13 @@
 //! Fused operations are refused whole (Identify FUSES is zero), so a failing Compare can never
-//! let its Write land; a discovery controller that asked for no keep-alive still expires.
+//! let its Write land; a discovery controller that asked for no keep-alive still expires; KATO
+//! follows the transport's `kas`/`min_kato` as SPDK's does.
 
 use nvmf_common::spec::command::Command;
 use nvmf_common::spec::features::{FeatureId, FeatureSelect};
 use nvmf_common::spec::nqn::DISCOVERY_NQN;
 use nvmf_common::spec::Status;
 use nvmf_target::cmd::fabrics::DISCOVERY_DEFAULT_KATO_MS;
+use nvmf_target::transport::TransportLimits;
 use nvmf_tests::*;
 
 const NQN: &str = "nqn.2016-06.io.spdk:cnode1";
@@ -65,4 +67,75 @@ fn discovery_controller_without_keep_alive_gets_nvmets_120_seconds() {
     let ctrl = discovery.controller(cntlid).expect("controller exists");
     assert_eq!(ctrl.kato_ms(), DISCOVERY_DEFAULT_KATO_MS);
     assert_eq!(DISCOVERY_DEFAULT_KATO_MS, 120_000);
+}
+
+/// The KATO the controller connected by `kato` runs with.
+fn granted_kato(lab: &mut LoopbackLab, subnqn: &str, kato: u32) -> u32 {
+    let admin = lab.open_queue();
+    let r = lab.run(
+        &admin,
+        connect_capsule(1, 0, 31, kato, 0xFFFF, subnqn, HOSTNQN),
+    );
+    let cntlid = expect_ok(&r).dw0.get() as u16;
+    let sub = lab.target.subsystem(subnqn).unwrap().shared.clone();
+    sub.controller(cntlid).expect("controller exists").kato_ms()
+}
+
+/// SPDK's defaults (`kas` 100, `min_kato` 10000, as `nvmf_create_transport` takes them):
+/// Identify KAS says 10 s granularity, a smaller KATO is raised to 10 s, a larger one rounded
+/// up to 10 s steps, 0 stays "no keep-alive" (discovery: 120 s), in Connect and Set Features.
+#[test]
+fn kato_is_raised_to_min_kato_and_rounded_up_to_the_kas_granularity() {
+    let spdk = TransportLimits {
+        trtype: 254,
+        ..TransportLimits::DEFAULT_RDMA
+    };
+    assert_eq!((spdk.kas, spdk.min_kato_ms), (100, 10_000));
+    let mut lab = LoopbackLab::new(spdk);
+    lab.malloc("Malloc0", 64, 512);
+    lab.subsystem(NQN, &["Malloc0"]);
+
+    let mut ctrl = linux_bring_up(&mut lab, NQN, 1);
+    assert_eq!(ctrl.identify.kas.get(), 100);
+    let get_kato = |lab: &mut LoopbackLab, ctrl: &mut HostController| {
+        let cid = ctrl.cid();
+        let get = Command::get_features(cid, FeatureId::KEEP_ALIVE_TIMER, FeatureSelect::CURRENT);
+        expect_ok(&ctrl.admin(lab, no_data(get))).dw0.get()
+    };
+    assert_eq!(LINUX_KATO_MS, 5000);
+    assert_eq!(get_kato(&mut lab, &mut ctrl), 10_000, "Linux's 5 s raised");
+    for (asked, granted) in [(12_000, 20_000), (30_000, 30_000), (1, 10_000)] {
+        let cid = ctrl.cid();
+        let set = Command::set_features(cid, FeatureId::KEEP_ALIVE_TIMER, asked, false);
+        expect_ok(&ctrl.admin(&mut lab, no_data(set)));
+        assert_eq!(
+            get_kato(&mut lab, &mut ctrl),
+            granted,
+            "Set Features {asked}"
+        );
+    }
+
+    for (asked, granted) in [(0, 0), (10_000, 10_000), (10_001, 20_000), (25_000, 30_000)] {
+        assert_eq!(
+            granted_kato(&mut lab, NQN, asked),
+            granted,
+            "Connect {asked}"
+        );
+    }
+    assert_eq!(
+        granted_kato(&mut lab, DISCOVERY_NQN, 0),
+        DISCOVERY_DEFAULT_KATO_MS
+    );
+    assert_eq!(granted_kato(&mut lab, DISCOVERY_NQN, 3000), 10_000);
+}
+
+/// The loopback transport's own limits keep keep-alive fine-grained for the expiry tests.
+#[test]
+fn loopback_limits_report_their_kas() {
+    let mut lab = LoopbackLab::default();
+    lab.malloc("Malloc0", 64, 512);
+    lab.subsystem(NQN, &["Malloc0"]);
+    let ctrl = linux_bring_up(&mut lab, NQN, 1);
+    assert_eq!(ctrl.identify.kas.get(), LOOPBACK_LIMITS.kas);
+    assert_eq!(granted_kato(&mut lab, NQN, 150), 200);
 }

@@ -20,8 +20,6 @@ use crate::core::subsystem::{SubsystemConfig, SubsystemId, SubsystemKind};
 use crate::core::CoreCtx;
 
 const IDENTIFY_LEN: u32 = 4096;
-/// Keep Alive Support granularity (KAS) in 100 ms units, as Linux's target reports.
-const KAS_100MS: u16 = 10;
 /// IEEE OUI left zero: no registered vendor; hosts only display it.
 const HOST_ID_LEN: u32 = 16;
 /// Temperature Threshold feature default: 343 K over-temperature, as drives ship.
@@ -204,7 +202,8 @@ fn identify_controller(
     id.cntlid.set(ctrl.cntlid);
     id.ver.set(NVME_VERSION.0);
     id.ctratt.set(CTRATT_HOST_ID_128);
-    id.kas.set(KAS_100MS);
+    // The transport's `kas`: the granularity grant_kato rounds KATO to.
+    id.kas.set(limits.kas);
     id.mdts = limits.mdts();
     id.aerl = (AER_LIMIT - 1) as u8;
     id.elpe = (ERROR_LOG_ENTRIES - 1) as u8;
@@ -464,7 +463,8 @@ fn set_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
             .to_dword()
         }
         FeatureId::KEEP_ALIVE_TIMER => {
-            ctrl.set_kato_ms(sf.cdw11);
+            // Same rule as at Connect; 0 turns keep-alive off, as a 0 KATO at Connect does.
+            ctrl.set_kato_ms(q.limits.grant_kato(sf.cdw11));
             ctrl.keep_alive(core.now_ms());
             0
         }

@@ -131,9 +131,10 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
             SubsystemKind::Nvm => q.limits.max_qpairs_per_ctrl.saturating_sub(1),
             SubsystemKind::Discovery => 0,
         };
-        // A discovery controller asked for no keep-alive (Linux's one-shot `nvme discover`)
-        // still goes away if its host does: nvmet gives it 120 s.
-        let kato = match (config.kind, cmd.kato.get()) {
+        // The transport's min_kato and KAS granularity apply (SPDK's rule). A discovery
+        // controller asked for no keep-alive (Linux's one-shot `nvme discover`) still goes
+        // away if its host does: nvmet and SPDK give it 120 s.
+        let kato = match (config.kind, q.limits.grant_kato(cmd.kato.get())) {
             (SubsystemKind::Discovery, 0) => DISCOVERY_DEFAULT_KATO_MS,
             (_, kato) => kato,
         };

@@ -1,11 +1,5 @@
 //! SPDK saved configs (one per release, written in the shape each release's `nvmf_tgt` saves)
 //! start the target; sections and entries are skipped, run or refused per the loader's rules.
-//!
-//! `spdk_26_saved_configs_load` needs the params SPDK's releases added to existing
-//! methods (`kas`/`min_kato`/`iobuf_*_cache_size` of `nvmf_create_transport`, `dup_host_policy`
-//! and the full `admin_cmd_passthru` of `nvmf_set_config`, `nowait` of `bdev_aio_create`,
-//! `preferred_*` of `bdev_null_create`, `numa_id` of `bdev_malloc_create`, `dmrsl`/`wzsl`/...
-//! of `nvmf_create_subsystem`): it passes only with the schema-coverage work on those methods.
 
 use std::path::PathBuf;
 
@@ -192,11 +186,10 @@ fn spdk_25_saved_configs_load() {
     }
 }
 
-/// NEEDS the params SPDK 26.x added to existing methods, owned by the schema-coverage work on
-/// rpc/{framework,nvmf,bdev}.rs: run with `--ignored` once it accepts SPDK's saved defaults.
+/// SPDK 26.x saves `kas`/`min_kato` (honoured: transport::options) and the subsystem size
+/// limits at 0 (`max_discard_size_kib`/`max_write_zeroes_size_kib` in 26.01, `dmrsl`/`wzsl`
+/// after).
 #[test]
-#[ignore = "needs nvmf_create_transport to accept SPDK's default kas 100 / min_kato 10000 and \
-            nvmf_create_subsystem max_discard_size_kib/max_write_zeroes_size_kib 0 (SPDK 26.1)"]
 fn spdk_26_saved_configs_load() {
     for release in ["26.1", "26.5", "26.9", "26.9-batches"] {
         load_release(release);

@@ -137,14 +137,18 @@ pub struct CreateSubsystemParams {
     pub min_cntlid: Option<u16>,
     #[serde(default)]
     pub max_cntlid: Option<u16>,
+    /// SPDK before 26.09 (25.x `rpc.py` always sends 0, 26.01 saves it): `dmrsl` in KiB. Like
+    /// `dmrsl`, only 0 (no limit) is accepted.
     #[serde(default)]
-    pub max_discard_size_kib: Option<u64>,
+    pub max_discard_size_kib: u64,
+    /// SPDK before 26.09, as `max_discard_size_kib`: `wzsl` in KiB. Like `wzsl`, only 0.
     #[serde(default)]
-    pub max_write_zeroes_size_kib: Option<u64>,
+    pub max_write_zeroes_size_kib: u64,
+    /// No limit is reported (Identify CNS 06h is not served) nor enforced, so only 0.
     #[serde(default)]
-    pub dmrsl: Option<u32>,
+    pub dmrsl: u32,
     #[serde(default)]
-    pub wzsl: Option<u8>,
+    pub wzsl: u8,
     #[serde(default)]
     pub passthrough: bool,
     #[serde(default)]
@@ -174,16 +178,26 @@ pub fn nvmf_create_subsystem(c: &mut Control, params: Option<Value>) -> Result<V
         "admin_label",
         "the extended discovery log page (which carries admin labels) is not supported",
     )?;
-    refuse_if(
-        p.max_discard_size_kib.is_some() || p.dmrsl.is_some_and(|v| v != 0),
-        "max_discard_size_kib/dmrsl",
-        "a dataset management range size limit is not supported",
-    )?;
-    refuse_if(
-        p.max_write_zeroes_size_kib.is_some() || p.wzsl.is_some_and(|v| v != 0),
-        "max_write_zeroes_size_kib/wzsl",
-        "a write zeroes size limit is not supported",
-    )?;
+    for (field, value, limit) in [
+        (
+            "max_discard_size_kib",
+            p.max_discard_size_kib,
+            "dataset management range size",
+        ),
+        ("dmrsl", u64::from(p.dmrsl), "dataset management range size"),
+        (
+            "max_write_zeroes_size_kib",
+            p.max_write_zeroes_size_kib,
+            "write zeroes size",
+        ),
+        ("wzsl", u64::from(p.wzsl), "write zeroes size"),
+    ] {
+        refuse_if(
+            value != 0,
+            field,
+            &format!("{value}: a {limit} limit is not supported (0, no limit, is)"),
+        )?;
+    }
     let existing = c.target.subsystems().count() as u32;
     if existing >= c.max_subsystems && c.target.subsystem(&p.nqn).is_err() {
         return Err(RpcError::errno(

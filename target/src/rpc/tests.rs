@@ -633,6 +633,44 @@ fn subsystems_create_get_delete_and_refusals() {
     );
 }
 
+/// rpc.py of SPDK 25.x sends `max_discard_size_kib` and `max_write_zeroes_size_kib` 0 on every
+/// call and SPDK 26.01 saves them, SPDK 26.05+ saves `dmrsl`/`wzsl` 0: no limit, accepted. A limit is refused by
+/// the name it was given, since none is reported to hosts or enforced.
+#[test]
+fn subsystem_size_limits_accept_no_limit_and_refuse_a_limit_by_name() {
+    let mut c = control();
+    for (i, zeros) in [
+        json!({"max_discard_size_kib": 0, "max_write_zeroes_size_kib": 0}),
+        json!({"dmrsl": 0, "wzsl": 0}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let nqn = format!("nqn.2016-06.io.spdk:limits{i}");
+        let mut params = zeros.clone();
+        params["nqn"] = json!(nqn);
+        ok(&mut c, "nvmf_create_subsystem", params);
+        assert_eq!(
+            ok(&mut c, "nvmf_get_subsystems", json!({"nqn": nqn}))[0]["nqn"],
+            nqn.as_str()
+        );
+    }
+    for (field, value) in [
+        ("max_discard_size_kib", 64),
+        ("max_write_zeroes_size_kib", 8),
+        ("dmrsl", 128),
+        ("wzsl", 1),
+    ] {
+        refused(
+            &mut c,
+            "nvmf_create_subsystem",
+            json!({"nqn": NQN2, field: value}),
+            EINVAL,
+            &format!("{field}: {value}"),
+        );
+    }
+}
+
 #[test]
 fn listeners_add_get_remove_and_refusals() {
     let mut c = control();

@@ -22,8 +22,13 @@ use crate::core::subsystem::ListenAddress;
 use crate::core::CoreCtx;
 use crate::transport::{TransportLimits, TransportPollGroup};
 
+/// The in-process transport's fixed limits: RDMA's, with keep-alive at 100 ms granularity and a
+/// 100 ms minimum KATO so keep-alive expiry tests take milliseconds. (`nvmf_create_transport
+/// LOOPBACK` takes SPDK's `kas`/`min_kato` defaults, as every type does.)
 pub const LOOPBACK_LIMITS: TransportLimits = TransportLimits {
     trtype: 254,
+    kas: 1,
+    min_kato_ms: 100,
     ..TransportLimits::DEFAULT_RDMA
 };
 

@@ -34,6 +34,11 @@ pub struct TransportLimits {
     pub max_io_size: u32,
     /// Data SGL descriptors per command (MSDBD).
     pub msdbd: u8,
+    /// Keep Alive Support (Identify KAS): the keep-alive granularity in 100 ms units.
+    pub kas: u16,
+    /// Smallest non-zero KATO a controller runs with, in milliseconds (a multiple of the KAS
+    /// granularity).
+    pub min_kato_ms: u32,
 }
 
 impl TransportLimits {
@@ -45,6 +50,8 @@ impl TransportLimits {
         in_capsule_data_size: 4096,
         max_io_size: 131_072,
         msdbd: 1,
+        kas: DEFAULT_KAS,
+        min_kato_ms: DEFAULT_MIN_KATO_MS,
     };
 
     /// MDTS as Identify Controller encodes it: a power of two in units of the 4 KiB minimum
@@ -58,7 +65,30 @@ impl TransportLimits {
     pub fn max_transfer(&self) -> u32 {
         4096u32 << self.mdts()
     }
+
+    /// The KATO a controller runs with when its host asks for `asked` ms in Connect or Set
+    /// Features, by SPDK's rule (`lib/nvmf/ctrlr.c`): 0 (no keep-alive) stays 0, anything up
+    /// to `min_kato_ms` gets `min_kato_ms`, anything above is rounded up to a multiple of the
+    /// KAS granularity (the largest such multiple if that overflows).
+    pub fn grant_kato(&self, asked: u32) -> u32 {
+        let unit = u32::from(self.kas) * KAS_UNIT_MS;
+        match asked {
+            0 => 0,
+            k if k <= self.min_kato_ms => self.min_kato_ms,
+            k if unit == 0 => k,
+            k => k
+                .checked_next_multiple_of(unit)
+                .unwrap_or(u32::MAX / unit * unit),
+        }
+    }
 }
+
+/// Identify KAS counts 100 ms units.
+pub const KAS_UNIT_MS: u32 = 100;
+/// SPDK's default `kas` (`NVMF_DEFAULT_KAS`, lib/nvmf/nvmf_internal.h): 10 s granularity.
+pub const DEFAULT_KAS: u16 = 100;
+/// SPDK's default `min_kato` (`NVMF_DEFAULT_MIN_KATO`): 10 s.
+pub const DEFAULT_MIN_KATO_MS: u32 = 10_000;
 
 /// One reactor's share of a transport.
 pub trait TransportPollGroup {

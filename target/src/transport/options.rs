@@ -16,17 +16,21 @@
 //!   `disable_adaptive_irq` and `disable_shadow_doorbells` (no vfio-user transport exists here;
 //!   `rpc.py` sends all three on every call).
 //! - Features this target does not have (DIF insert/strip, zero-copy bdev I/O, masked ONCS or
-//!   fused commands, keep-alive overrides) and parameters of another transport type (`sock_priority`
+//!   fused commands) and parameters of another transport type (`sock_priority`
 //!   on RDMA, say). Any value other than "off"/the default is refused with a message naming the
 //!   parameter, never accepted and ignored. The defaults are accepted because `rpc.py` always
 //!   sends `no_srq: false`, `c2h_success: true`, `zcopy`, `dif_insert_or_strip`,
 //!   `no_wr_batching` and `disable_command_passthru` all false (releases 25.05 to 26.09, whatever
 //!   the `-t`), and SPDK's saved configs carry every common field.
+//!
+//! `kas` and `min_kato` (SPDK 25.05+) are honoured as SPDK does: Identify KAS reports `kas`, and
+//! a host's KATO is raised to `min_kato` or rounded up to the KAS granularity
+//! ([`TransportLimits::grant_kato`]).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::transport::TransportLimits;
+use crate::transport::{TransportLimits, DEFAULT_KAS, DEFAULT_MIN_KATO_MS, KAS_UNIT_MS};
 
 /// NVMe-oF: an admin queue holds at least 32 entries.
 pub const MIN_ADMIN_QUEUE_DEPTH: u32 = 32;
@@ -87,6 +91,12 @@ fn d_true() -> bool {
 }
 fn d_control_msg_num() -> u32 {
     TCP_DEFAULT_CONTROL_MSG_NUM
+}
+fn d_kas() -> u16 {
+    DEFAULT_KAS
+}
+fn d_min_kato() -> u32 {
+    DEFAULT_MIN_KATO_MS
 }
 
 /// The transports this target can be asked for, in SPDK's spelling.
@@ -171,10 +181,13 @@ pub struct TransportOptions {
     /// No command is ever passed through to a backing NVMe device here, so either value holds.
     #[serde(default)]
     pub disable_command_passthru: bool,
-    #[serde(default)]
-    pub kas: Option<u16>,
-    #[serde(default)]
-    pub min_kato: Option<u32>,
+    /// Identify KAS: keep-alive granularity in 100 ms units.
+    #[serde(default = "d_kas")]
+    pub kas: u16,
+    /// Smallest non-zero KATO granted, in ms; rounded up to the KAS granularity as SPDK does
+    /// ([`min_kato_ms`](Self::min_kato_ms)).
+    #[serde(default = "d_min_kato")]
+    pub min_kato: u32,
     #[serde(default)]
     pub masked_oncs: Option<Vec<String>>,
     #[serde(default)]
@@ -275,16 +288,27 @@ impl TransportOptions {
                 "zero-copy bdev I/O is not supported by this target",
             );
         }
-        if let Some(kas) = self.kas {
+        if self.kas == 0 {
             return refuse(
                 "kas",
-                &format!("{kas}: the keep-alive granularity is fixed by the target core"),
+                "cannot be 0 (Identify KAS 0 means no keep-alive support)",
             );
         }
-        if let Some(kato) = self.min_kato {
+        if self.min_kato == 0 {
+            return refuse("min_kato", "cannot be 0");
+        }
+        if self
+            .min_kato
+            .checked_next_multiple_of(self.kas_ms())
+            .is_none()
+        {
             return refuse(
                 "min_kato",
-                &format!("{kato}: a minimum KATO is not enforced by this target"),
+                &format!(
+                    "{} rounded up to the keep-alive granularity ({} ms) exceeds 2^32 - 1",
+                    self.min_kato,
+                    self.kas_ms()
+                ),
             );
         }
         if self.masked_oncs.as_ref().is_some_and(|v| !v.is_empty()) {
@@ -414,6 +438,19 @@ impl TransportOptions {
         Ok(())
     }
 
+    /// The keep-alive granularity in ms.
+    fn kas_ms(&self) -> u32 {
+        u32::from(self.kas) * KAS_UNIT_MS
+    }
+
+    /// `min_kato` rounded up to a multiple of the keep-alive granularity, as SPDK's
+    /// `nvmf_transport_create` stores (and dumps) it. Call after [`validate`](Self::validate).
+    pub fn min_kato_ms(&self) -> u32 {
+        self.min_kato
+            .checked_next_multiple_of(self.kas_ms())
+            .unwrap_or(self.min_kato)
+    }
+
     /// What the controller reports to hosts. Call after [`validate`](Self::validate).
     pub fn limits(&self) -> TransportLimits {
         TransportLimits {
@@ -424,6 +461,8 @@ impl TransportOptions {
             in_capsule_data_size: self.in_capsule_data_size,
             max_io_size: self.max_io_size,
             msdbd: 1,
+            kas: self.kas,
+            min_kato_ms: self.min_kato_ms(),
         }
     }
 
@@ -465,6 +504,8 @@ impl TransportOptions {
         v["abort_timeout_sec"] = json!(self.abort_timeout_sec);
         v["ack_timeout"] = json!(self.ack_timeout);
         v["data_wr_pool_size"] = json!(self.data_wr_pool_size);
+        v["kas"] = json!(self.kas);
+        v["min_kato"] = json!(self.min_kato_ms());
         v
     }
 }
@@ -523,11 +564,46 @@ mod tests {
             "data_wr_pool_size",
             "zcopy",
             "dif_insert_or_strip",
+            "kas",
+            "min_kato",
         ] {
             assert!(v.get(field).is_some(), "{field} missing from {v}");
         }
         assert!(v.get("c2h_success").is_none());
         assert_eq!(parse(v).unwrap(), o);
+    }
+
+    #[test]
+    fn keep_alive_settings_are_spdks_and_reach_the_limits() {
+        // SPDK's defaults (NVMF_DEFAULT_KAS, NVMF_DEFAULT_MIN_KATO), as its saved configs carry.
+        let d = TransportOptions::new("RDMA");
+        assert_eq!((d.kas, d.min_kato), (100, 10_000));
+        let saved = parse(json!({"trtype": "RDMA", "kas": 100, "min_kato": 10_000})).unwrap();
+        saved.validate().unwrap();
+        assert_eq!(saved, d);
+        assert_eq!((d.limits().kas, d.limits().min_kato_ms), (100, 10_000));
+        let v = d.to_value();
+        assert_eq!(
+            (v["kas"].clone(), v["min_kato"].clone()),
+            (json!(100), json!(10_000))
+        );
+
+        // min_kato is rounded up to the KAS granularity (SPDK's nvmf_transport_create), and
+        // the rounded value is what the limits hold and the dump shows.
+        let o = parse(json!({"trtype": "RDMA", "kas": 20, "min_kato": 4500})).unwrap();
+        o.validate().unwrap();
+        let l = o.limits();
+        assert_eq!((l.kas, l.min_kato_ms), (20, 6000));
+        assert_eq!(o.to_value()["min_kato"], 6000);
+        let reloaded = parse(o.to_value()).unwrap();
+        assert_eq!(reloaded.limits(), l);
+
+        // SPDK's KATO rule with those limits.
+        assert_eq!(l.grant_kato(0), 0, "no keep-alive stays none");
+        assert_eq!(l.grant_kato(1), 6000);
+        assert_eq!(l.grant_kato(6000), 6000);
+        assert_eq!(l.grant_kato(6001), 8000, "rounded up to 2 s");
+        assert_eq!(l.grant_kato(u32::MAX), u32::MAX / 2000 * 2000);
     }
 
     #[test]
@@ -577,7 +653,9 @@ mod tests {
                 "dif_insert_or_strip",
             ),
             (json!({"trtype": "RDMA", "zcopy": true}), "zcopy"),
-            (json!({"trtype": "RDMA", "kas": 10}), "kas"),
+            (json!({"trtype": "RDMA", "kas": 0}), "kas"),
+            (json!({"trtype": "RDMA", "min_kato": 0}), "min_kato"),
+            (json!({"trtype": "RDMA", "min_kato": u32::MAX}), "min_kato"),
             (
                 json!({"trtype": "RDMA", "masked_oncs": ["nvmcmps"]}),
                 "masked_oncs",
