@@ -262,9 +262,8 @@ fn dump_subsystem(s: &SubsystemState) -> Value {
     if nvme {
         v["serial_number"] = json!(s.serial_number);
         v["model_number"] = json!(s.model_number);
-        if s.max_namespaces != 0 {
-            v["max_namespaces"] = json!(s.max_namespaces);
-        }
+        // SPDK always lists it (0: no limit of our own beyond the NSID space).
+        v["max_namespaces"] = json!(s.max_namespaces);
         v["min_cntlid"] = json!(s.min_cntlid);
         v["max_cntlid"] = json!(s.max_cntlid);
         v["namespaces"] = Value::Array(
@@ -683,8 +682,9 @@ pub fn nvmf_subsystem_get_controllers(
 }
 
 /// Per controller, its connected queues. The reactor serving an I/O queue is not tracked by
-/// the control plane, so only the admin queue names its thread and the listener it came
-/// through.
+/// the control plane, so only the admin queue names its thread. Every queue names the
+/// listener its controller's admin queue came through, as SPDK lists `listen_address` for
+/// each qpair (hosts connect a controller's queues through one address).
 pub fn nvmf_subsystem_get_qpairs(
     c: &mut Control,
     params: Option<Value>,
@@ -704,9 +704,9 @@ pub fn nvmf_subsystem_get_qpairs(
             });
             if qid == 0 {
                 q["thread"] = json!(group_name(ctrl.admin_group));
-                if let Some(l) = &ctrl.listener {
-                    q["listen_address"] = address_json(l);
-                }
+            }
+            if let Some(l) = &ctrl.listener {
+                q["listen_address"] = address_json(l);
             }
             out.push(q);
         }
