@@ -86,7 +86,8 @@ pub fn status_errno(s: &IoStatus) -> i32 {
         IoStatus::Nvme(_) => libc::EIO,
         IoStatus::Timeout => libc::ETIMEDOUT,
         IoStatus::TransportError => libc::ECONNRESET,
-        IoStatus::ControllerLost => libc::ENOTCONN,
+        IoStatus::ControllerLost | IoStatus::NoPath => libc::ENOTCONN,
+        IoStatus::PathError => libc::ECONNRESET,
     }
 }
 

@@ -32,8 +32,10 @@ use nvmf_common::rdma::{register_pool, AccessFlags, DmaBuf, ProtectionDomain};
 use nvmf_common::spec::fabrics::{
     connect_offsets, parse_connect_invalid_param_dw0, CNTLID_DYNAMIC,
 };
-use nvmf_common::spec::features::{parse_async_event_dw0, NumberOfQueues, AEC_NAMESPACE_ATTRIBUTE};
-use nvmf_common::spec::identify::SGLS_OFFSET;
+use nvmf_common::spec::features::{
+    parse_async_event_dw0, NumberOfQueues, AEC_ANA_CHANGE, AEC_NAMESPACE_ATTRIBUTE,
+};
+use nvmf_common::spec::identify::{CMIC_ANA, SGLS_OFFSET};
 use nvmf_common::spec::sgl::KEYED_MAX_LENGTH;
 use nvmf_common::spec::{
     AsyncEventType, AsyncNotice, Cap, Cc, Cns, Command, Completion, ConnectCommand, ConnectData,
@@ -45,6 +47,7 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::address::TransportId;
 use crate::error::{Error, QueueFault, Result};
 use crate::host::HostIdentity;
+use crate::multipath::{AnaLog, AnaState, NamespaceIds, ANA_GROUP_DESC_LEN, ANA_LOG_HEADER_LEN};
 use crate::qpair::{IoQpair, IoStatus};
 use crate::transport::{device_has_windows, Data, RdmaQueue, POLL_BATCH};
 
@@ -173,6 +176,9 @@ pub enum ControllerEvent {
     /// A Namespace Attribute Changed notice, with the Changed Namespace List (an entry of
     /// 0xFFFFFFFF means more than 1024 changed).
     NamespaceChanged { nsids: Vec<u32> },
+    /// An Asymmetric Namespace Access Change notice, with the ANA log page read for it
+    /// (reading it re-arms the event). `None` when the log could not be read or parsed.
+    AnaChanged { log: Option<AnaLog> },
     /// Any other asynchronous event (its log page was read to re-arm it).
     AsyncEvent {
         ty: AsyncEventType,
@@ -681,12 +687,31 @@ impl Controller {
     /// and one AER, in the Linux host's order. A discovery NQN gives a discovery controller
     /// (no I/O queues, no keep-alive, no AER).
     pub fn connect(tid: &TransportId, opts: ControllerOptions) -> Result<Self> {
+        Self::connect_on(tid, opts, None)
+    }
+
+    /// [`connect`](Self::connect) on the protection domain of another controller, so one
+    /// buffer pool registration serves both (the paths of a multipath namespace). Fails
+    /// when the route to `tid` goes through another RDMA device.
+    pub fn connect_with_pd(
+        tid: &TransportId,
+        opts: ControllerOptions,
+        pd: &Arc<ProtectionDomain>,
+    ) -> Result<Self> {
+        Self::connect_on(tid, opts, Some(pd))
+    }
+
+    fn connect_on(
+        tid: &TransportId,
+        opts: ControllerOptions,
+        pd: Option<&Arc<ProtectionDomain>>,
+    ) -> Result<Self> {
         let peer = tid.socket_addr()?;
         let host = HostIdentity::resolve(
             tid.hostnqn.as_deref().or(opts.hostnqn.as_deref()),
             opts.hostid,
         );
-        let (admin, pd, info) = bring_up(peer, tid, &host, &opts, None)?;
+        let (admin, pd, info) = bring_up(peer, tid, &host, &opts, pd)?;
         let shared = Arc::new(Shared {
             peer,
             tid: tid.clone(),
@@ -759,10 +784,10 @@ impl Controller {
         Ok(granted)
     }
 
-    /// Set Features Async Event Configuration (namespace attribute notices, if the controller
-    /// has them) and one outstanding AER.
+    /// Set Features Async Event Configuration (namespace attribute and ANA change notices,
+    /// those the controller has) and one outstanding AER.
     fn enable_async_events(&mut self) -> Result<()> {
-        let aec = self.info.identify.oaes.get() & AEC_NAMESPACE_ATTRIBUTE;
+        let aec = self.info.identify.oaes.get() & (AEC_NAMESPACE_ATTRIBUTE | AEC_ANA_CHANGE);
         if aec != 0 {
             let cmd = Command::set_features(0, FeatureId::ASYNC_EVENT_CONFIGURATION, aec, false);
             self.admin()?.ok(
@@ -959,6 +984,65 @@ impl Controller {
         self.admin()?.get_log(nsid, lid, len, max, "Get Log Page")
     }
 
+    /// Whether the controller reports Asymmetric Namespace Access (Identify CMIC bit 3).
+    pub fn reports_ana(&self) -> bool {
+        self.info.identify.cmic & CMIC_ANA != 0
+    }
+
+    /// ANA Transition Time (Identify ANATT, seconds): the longest a namespace stays in the
+    /// Change state; 10 s when the controller reports 0.
+    pub fn ana_transition_time(&self) -> Duration {
+        match self.info.identify.anatt {
+            0 => Duration::from_secs(10),
+            s => Duration::from_secs(u64::from(s)),
+        }
+    }
+
+    /// Reads the Asymmetric Namespace Access log page (LID 0Ch) with its NSID lists, sized
+    /// as the Linux host sizes it: the header, NANAGRPID group descriptors and one NSID per
+    /// possible namespace (Identify NN).
+    pub fn ana_log(&mut self) -> Result<AnaLog> {
+        let id = &self.info.identify;
+        let groups = id.nanagrpid.get().max(1) as usize;
+        let nsids = id.nn.get().clamp(1, 64 * 1024) as usize;
+        let len = (ANA_LOG_HEADER_LEN + groups * ANA_GROUP_DESC_LEN + nsids * 4).min(1 << 20);
+        let raw = self.get_log_page(0, LogPageId::ASYMMETRIC_NAMESPACE_ACCESS, len)?;
+        AnaLog::parse(&raw).map_err(|e| Error::Invalid(e.to_string()))
+    }
+
+    /// The ANA state of namespace `nsid` (with its ANAGRPID) through this controller:
+    /// Optimized when the controller does not report ANA.
+    pub fn ana_state(&mut self, nsid: u32, anagrpid: u32) -> Result<AnaState> {
+        if !self.reports_ana() {
+            return Ok(AnaState::Optimized);
+        }
+        let log = self.ana_log()?;
+        log.state_of(nsid, anagrpid).ok_or_else(|| {
+            Error::Invalid(format!(
+                "namespace {nsid} (ANA group {anagrpid}) is in no group of the ANA log"
+            ))
+        })
+    }
+
+    /// What identifies namespace `nsid` across controllers (Identify Namespace NGUID and
+    /// EUI64, completed by the Namespace Identification Descriptor list where the controller
+    /// has one) and its ANAGRPID.
+    pub fn namespace_ids(&mut self, nsid: u32) -> Result<(NamespaceIds, u32)> {
+        let ns = self.identify_namespace(nsid)?;
+        let mut ids = NamespaceIds::from_identify(ns.nguid, ns.eui64);
+        match self.admin_read(
+            Command::identify(0, Cns::NAMESPACE_ID_DESCRIPTOR_LIST, nsid, 0),
+            4096,
+            "Identify Namespace Identification Descriptor list",
+        ) {
+            Ok((_, raw)) => ids.merge_descriptors(&raw),
+            // Before NVMe 1.3 there is no such list: Identify Namespace's fields stand.
+            Err(Error::Command { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        Ok((ids, ns.anagrpid.get()))
+    }
+
     /// Keeps the association alive: keep-alive, AER completions, failure detection, and the
     /// reconnect attempts. Call it every few milliseconds (well under KATO / 2) from the
     /// thread that owns the controller. Returns the events since the last call; an error once
@@ -1027,6 +1111,15 @@ impl Controller {
             tracing::info!(?nsids, "namespace attributes changed");
             self.events
                 .push(ControllerEvent::NamespaceChanged { nsids });
+        } else if ty == AsyncEventType::NOTICE && info == AsyncNotice::ANA_CHANGE.0 {
+            let log = match self.ana_log() {
+                Ok(log) => Some(log),
+                Err(e) => {
+                    tracing::warn!("reading the ANA log page for an ANA change notice: {e}");
+                    None
+                }
+            };
+            self.events.push(ControllerEvent::AnaChanged { log });
         } else {
             if lid.0 != 0 {
                 if let Err(e) =

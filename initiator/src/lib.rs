@@ -13,6 +13,9 @@
 //! - [`transport`] (private): one RDMA queue: RDMA CM with the NVMe-oF private data, command
 //!   slots, response receives, allocation-free polling.
 //! - [`controller`]: the admin side, in the Linux host's bring-up order.
+//! - [`multipath`] (the pure path-selection and ANA state machine) and [`path`]
+//!   ([`MultipathQpair`]: one namespace over several controllers of a subsystem, with
+//!   failover and failback as SPDK's bdev_nvme multipath).
 //! - [`qpair`]: I/O queue pairs: Read / Write / Compare / Flush / Write Zeroes / Dataset
 //!   Management over keyed SGLs (per-command keys), or in-capsule data for writes that fit.
 //! - [`discovery`] (with [`attach_plan`]: the subsystems a transport ID without `subnqn`
@@ -47,6 +50,8 @@ pub mod discovery;
 pub mod error;
 pub mod histogram;
 pub mod host;
+pub mod multipath;
+pub mod path;
 pub mod qpair;
 pub mod size;
 mod transport;
@@ -62,6 +67,8 @@ pub use discovery::{
 pub use error::{Error, Result};
 pub use histogram::Histogram;
 pub use host::HostIdentity;
+pub use multipath::{AnaLog, AnaState, MultipathStats, NamespaceIds, Policy, Timers};
+pub use path::{MultipathQpair, NamespacePath, PathHandle};
 pub use qpair::{
     DataDir, IoCompletion, IoQpair, IoStatus, QpairState, QpairStats, SubmitError, SubmitErrorKind,
 };

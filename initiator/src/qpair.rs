@@ -13,7 +13,10 @@
 //!
 //! On a broken connection the outstanding commands either wait in the qpair's requeue for
 //! the reconnect (when the controller has a [`Reconnect`](crate::Reconnect) policy) or fail
-//! at once with [`IoStatus::TransportError`].
+//! at once with [`IoStatus::TransportError`]. In failover mode
+//! ([`IoQpair::set_failover`], for [`crate::path::MultipathQpair`]) they come back at once
+//! with [`IoStatus::PathError`] so another path can serve them, while the qpair still
+//! reconnects in the background.
 //!
 //! [`Controller::register_pool`]: crate::Controller::register_pool
 
@@ -61,6 +64,13 @@ pub enum IoStatus {
     TransportError,
     /// The controller is gone for good (reconnect gave up, or it was deleted).
     ControllerLost,
+    /// The connection broke and the qpair is in failover mode: the command was not
+    /// completed by the controller (it may or may not have executed) and is handed back for
+    /// another path; the qpair reconnects meanwhile.
+    PathError,
+    /// Multipath: no path was usable within the fast-io-fail timeout, or every path's
+    /// controller is lost.
+    NoPath,
 }
 
 impl IoStatus {
@@ -76,6 +86,8 @@ impl fmt::Display for IoStatus {
             Self::Timeout => f.write_str("command timed out"),
             Self::TransportError => f.write_str("transport error (connection lost)"),
             Self::ControllerLost => f.write_str("controller lost"),
+            Self::PathError => f.write_str("path error (connection lost, handed back)"),
+            Self::NoPath => f.write_str("no usable path"),
         }
     }
 }
@@ -196,6 +208,8 @@ pub struct IoQpair {
     next_scan: Instant,
     failure: Option<String>,
     stats: QpairStats,
+    /// Hand outstanding commands back on a broken connection instead of keeping them.
+    failover: bool,
 }
 
 /// Connects queue `qid` of the controller `shared` describes: RDMA CM, then the Fabrics
@@ -267,12 +281,36 @@ impl IoQpair {
             next_scan: Instant::now() + TIMEOUT_SCAN,
             failure: None,
             stats: QpairStats::default(),
+            failover: false,
             shared,
         })
     }
 
     pub fn qid(&self) -> u16 {
         self.qid
+    }
+
+    /// Failover mode, for a multipath layer: when the connection breaks (a queue error, a
+    /// timeout, a controller reset), every command the qpair holds completes at once with
+    /// [`IoStatus::PathError`] instead of waiting for the reconnect, which still happens in
+    /// the background. Without a reconnect policy nothing changes (they fail with
+    /// [`IoStatus::TransportError`]).
+    pub fn set_failover(&mut self, on: bool) {
+        self.failover = on;
+    }
+
+    /// Whether commands submitted now go out at once: the qpair is live and its controller
+    /// has not started a reset it has yet to notice.
+    pub fn is_usable(&self) -> bool {
+        self.state == QpairState::Live
+            && self.pending_fault.is_none()
+            && self.shared.state() == STATE_LIVE
+            && self.shared.generation.load(Ordering::Acquire) == self.gen
+    }
+
+    /// The address of the controller this qpair belongs to.
+    pub fn peer(&self) -> std::net::SocketAddr {
+        self.shared.peer
     }
 
     /// Commands that may be outstanding at once (submitted and not yet completed).
@@ -657,7 +695,11 @@ impl IoQpair {
             tracing::warn!("{reason}");
             self.shared.reset_requested.store(true, Ordering::Release);
         }
-        let retry = self.shared.opts.reconnect.is_some() && self.shared.state() <= STATE_RESETTING;
+        let reconnect =
+            self.shared.opts.reconnect.is_some() && self.shared.state() <= STATE_RESETTING;
+        // In failover mode the commands go back to the multipath layer; the queue itself
+        // still reconnects.
+        let retry = reconnect && !self.failover;
         let timed_out = match why {
             Teardown::Timeout(cid) => Some(usize::from(cid)),
             _ => None,
@@ -686,11 +728,18 @@ impl IoQpair {
             } else if retry {
                 self.stats.requeued += 1;
                 self.requeue.push_front(io);
+            } else if reconnect {
+                out.push(complete(io, IoStatus::PathError));
             } else {
                 out.push(complete(io, IoStatus::TransportError));
             }
         }
-        if retry {
+        if reconnect && self.failover {
+            for io in self.requeue.drain(..) {
+                out.push(complete(io, IoStatus::PathError));
+            }
+            self.state = QpairState::Reconnecting;
+        } else if retry {
             self.state = QpairState::Reconnecting;
         } else {
             for io in self.requeue.drain(..) {

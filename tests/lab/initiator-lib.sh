@@ -56,3 +56,64 @@ print(keys, file=sys.stderr)
 sys.exit(0 if ok else 1)
 PY
 }
+
+# perf_multipath_run NQN ADDR PORT1 PORT2 SECS JSON_OUT [NVMF-PERF ARGS...]: starts nvmf-perf
+# in the background on the namespaces of NQN through two paths (ADDR:PORT1 preferred,
+# ADDR:PORT2), active-passive multipath (pass `--multipath active_active` to change), a
+# 4 KiB randrw 50/50 mix at queue depth 32 on core 1 for SECS seconds, reconnecting every
+# second, failing I/O only after 30 s without any path. Its --json document goes to JSON_OUT,
+# its stderr to JSON_OUT.err; the pid is in PERF_MP_PID. Both targets must export the
+# namespace with the same NGUID or UUID (nvmf-perf refuses paths that are not provably one
+# namespace). Meanwhile the scenario may kill one target; then perf_multipath_finish.
+perf_multipath_run() {
+    local nqn=$1 addr=$2 p1=$3 p2=$4 secs=$5 json=$6
+    shift 6
+    local base="trtype:RDMA adrfam:IPv4 traddr:$addr"
+    timeout -k 5 $((secs + 240)) "$PERF" \
+        -r "$base trsvcid:$p1 subnqn:$nqn" -r "$base trsvcid:$p2 subnqn:$nqn" \
+        -c 0x2 -o 4096 -w randrw -M 50 -q 32 -t "$secs" --json --io-timeout 5 \
+        --reconnect-delay 1 --ctrl-loss-tmo 120 --fast-io-fail-timeout-sec 30 "$@" \
+        >"$json" 2>"$json.err" &
+    PERF_MP_PID=$!
+    lab__record bgpids "$PERF_MP_PID"
+    lab_log "started nvmf-perf multipath (pid $PERF_MP_PID) on $nqn via $addr:$p1 and $addr:$p2"
+}
+
+# perf_multipath_finish JSON_OUT [MIN_FAILOVERS]: waits for perf_multipath_run's nvmf-perf and
+# fails the scenario unless it exited 0 with I/O done, zero I/O errors and at least
+# MIN_FAILOVERS (default 1) I/Os moved to another path. Prints the per-path I/O counts.
+# Then, with the same two paths, writes 256 blocks of random data at LBA 0 with nvmf-host and
+# reads them back through whichever path serves, which must give the same bytes.
+perf_multipath_finish() {
+    local json=$1 min=${2:-1} rc=0 nqn addr p1 p2
+    wait "$PERF_MP_PID" || rc=$?
+    ((rc == 0)) || { cat "$json.err" >&2; lab_fail "nvmf-perf multipath: exit $rc"; }
+    /usr/bin/python3 - "$json" "$min" <<'PY' || { cat "$json.err" >&2; lab_fail "nvmf-perf multipath: $json is not as expected"; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = d["total"]
+mp = t.get("multipath")
+paths = [(p["address"], p["ios"]) for n in d["namespaces"] for p in n.get("multipath", {}).get("paths", [])]
+print("multipath: ios=%d errors=%d failovers=%s ana=%s paths=%s" % (
+    t["ios"], t["errors"], mp and mp["failovers"], mp and mp["ana_errors"], paths))
+ok = mp is not None and t["ios"] > 0 and t["errors"] == 0 and not d["errors"] \
+    and mp["failovers"] >= int(sys.argv[2])
+sys.exit(0 if ok else 1)
+PY
+    read -r nqn addr p1 p2 < <(/usr/bin/python3 - "$json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["config"]["transport"]
+kv = [dict(w.split(":", 1) for w in t.split()) for t in r]
+print(kv[0]["subnqn"], kv[0]["traddr"], kv[0]["trsvcid"], kv[1]["trsvcid"])
+PY
+)
+    local base="trtype:RDMA adrfam:IPv4 traddr:$addr" data=$LAB_OUT/multipath-data.bin
+    head -c $((1024 * 1024)) /dev/urandom >"$data"
+    lab_t 120 "$HOST" write -r "$base trsvcid:$p1 subnqn:$nqn" -r "$base trsvcid:$p2 subnqn:$nqn" \
+        -s 0 -c 256 -f "$data" --fast-io-fail-timeout-sec 30 || lab_fail "nvmf-host multipath write failed"
+    lab_t 120 "$HOST" read -r "$base trsvcid:$p1 subnqn:$nqn" -r "$base trsvcid:$p2 subnqn:$nqn" \
+        -s 0 -c 256 -f "$data.back" --fast-io-fail-timeout-sec 30 || lab_fail "nvmf-host multipath read failed"
+    cmp -n "$(stat -c %s "$data.back")" "$data" "$data.back" ||
+        lab_fail "multipath: data read back differs from what was written"
+    echo "multipath: 256 blocks written and read back identical over the paths"
+}

@@ -9,11 +9,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
 use nvmf_common::buffer::BufferPool;
+use nvmf_common::buffer::IoBuf;
 use nvmf_common::spec::identify::{ascii_str, nul_str};
 use nvmf_common::spec::log_page::get_u128;
+use nvmf_common::spec::Command;
 use nvmf_common::spec::{IdentifyController, IdentifyNamespace, LogPageId, SmartHealthLog};
+use nvmf_initiator::path::{apply_ana_log, refresh_ana, refresh_requested};
 use nvmf_initiator::{
-    discover, Controller, ControllerOptions, IoCompletion, MemoryWindows, TransportId,
+    discover, multipath, Controller, ControllerEvent, ControllerOptions, DataDir, IoCompletion,
+    IoQpair, MemoryWindows, MultipathQpair, NamespacePath, PathHandle, Policy, Reconnect,
+    SubmitError, Timers, TransportId,
 };
 use zerocopy::FromBytes;
 
@@ -89,8 +94,23 @@ enum Cmd {
 
 #[derive(clap::Args, Debug)]
 struct Rw {
-    #[arg(short = 'r', long = "transport")]
-    r: String,
+    /// The subsystem's address; given more than once (same subnqn, other addresses), the
+    /// paths of a multipath namespace: I/O follows ANA state and fails over.
+    #[arg(short = 'r', long = "transport", required = true)]
+    r: Vec<String>,
+    /// With several -r: active_passive (the first ANA-optimized path) or active_active
+    /// (round robin over the optimized paths).
+    #[arg(long, default_value = "active_passive", value_name = "POLICY")]
+    multipath: Policy,
+    /// With several -r: fail I/O once no path has been usable this many seconds (0: wait
+    /// until every path's controller is lost, 600 s after its loss).
+    #[arg(
+        long,
+        alias = "fast-io-fail-timeout",
+        default_value_t = 0,
+        value_name = "S"
+    )]
+    fast_io_fail_timeout_sec: u64,
     #[arg(short = 'n', long = "namespace-id", default_value_t = 1)]
     nsid: u32,
     /// Starting LBA.
@@ -382,11 +402,202 @@ fn cmd_identify(cli: &Cli, r: &str, what: What, nsid: u32) -> anyhow::Result<()>
     Ok(())
 }
 
+/// The I/O qpair of `read` / `write`: one controller's, or one over every path.
+enum HostQp {
+    // Boxed: both are large and of different sizes.
+    One(Box<IoQpair>),
+    Multi(Box<MultipathQpair>),
+}
+
+impl HostQp {
+    fn depth(&self) -> u16 {
+        match self {
+            Self::One(q) => q.depth(),
+            Self::Multi(q) => q.depth(),
+        }
+    }
+
+    fn outstanding(&self) -> usize {
+        match self {
+            Self::One(q) => q.outstanding(),
+            Self::Multi(q) => q.outstanding(),
+        }
+    }
+
+    fn failure(&self) -> Option<&str> {
+        match self {
+            Self::One(q) => q.failure(),
+            Self::Multi(q) => q.failure(),
+        }
+    }
+
+    fn submit(
+        &mut self,
+        cmd: Command,
+        buf: IoBuf,
+        dir: DataDir,
+        tag: u64,
+    ) -> Result<(), SubmitError> {
+        match self {
+            Self::One(q) => q.submit(cmd, Some(buf), dir, tag),
+            Self::Multi(q) => q.submit(cmd, Some(buf), dir, tag),
+        }
+    }
+
+    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+        match self {
+            Self::One(q) => q.poll(out),
+            Self::Multi(q) => q.poll(out),
+        }
+    }
+
+    fn disconnect(self) {
+        match self {
+            Self::One(q) => q.disconnect(),
+            Self::Multi(q) => q.disconnect(),
+        }
+    }
+}
+
+/// The controllers of `-r` (one per path) and, with several, each path's ANA state of the
+/// namespace.
+struct Paths {
+    ctrls: Vec<Controller>,
+    ana: Vec<NamespacePath>,
+    lost: Vec<bool>,
+}
+
+/// Connects every `-r` of `a`; several must name one subsystem and reach one namespace
+/// (same NGUID / EUI64 / UUID), through one RDMA device.
+fn connect_paths(cli: &Cli, a: &Rw) -> anyhow::Result<Paths> {
+    if a.r.len() == 1 {
+        let ctrl = connect(&a.r[0], cli, 1)?;
+        return Ok(Paths {
+            ctrls: vec![ctrl],
+            ana: Vec::new(),
+            lost: vec![false],
+        });
+    }
+    let mut ctrls: Vec<Controller> = Vec::new();
+    let mut ana = Vec::new();
+    let mut first_ids: Option<multipath::NamespaceIds> = None;
+    for r in &a.r {
+        let t = tid(r, cli)?;
+        if t.is_discovery() {
+            bail!("-r {r:?}: no subnqn given");
+        }
+        if let Some(c) = ctrls.first() {
+            if c.transport_id().subnqn != t.subnqn {
+                bail!("-r {r:?}: the paths of a namespace name one subsystem");
+            }
+        }
+        let mut o = opts(cli, 1);
+        // A failed path comes back in the background.
+        o.reconnect = Some(Reconnect {
+            delay: Duration::from_secs(2),
+            ctrl_loss_tmo: Some(Duration::from_secs(600)),
+        });
+        let mut c = match ctrls.first() {
+            None => Controller::connect(&t, o),
+            Some(first) => Controller::connect_with_pd(&t, o, first.pd()),
+        }
+        .with_context(|| format!("connecting to {t}"))?;
+        let (ids, anagrpid) = c
+            .namespace_ids(a.nsid)
+            .with_context(|| format!("identifying namespace {} at {}", a.nsid, c.peer()))?;
+        match &first_ids {
+            None => first_ids = Some(ids),
+            Some(f) => multipath::same_namespace(f, &ids).map_err(|e| {
+                anyhow::anyhow!("namespace {} at {} is another one: {e}", a.nsid, c.peer())
+            })?,
+        }
+        let state = c.ana_state(a.nsid, anagrpid)?;
+        eprintln!("path {}: ANA {state}", c.peer());
+        ana.push(NamespacePath {
+            nsid: a.nsid,
+            anagrpid,
+            handle: PathHandle::new(state),
+        });
+        ctrls.push(c);
+    }
+    let lost = vec![false; ctrls.len()];
+    Ok(Paths { ctrls, ana, lost })
+}
+
+impl Paths {
+    fn qpair(&mut self, a: &Rw) -> anyhow::Result<HostQp> {
+        if self.ana.is_empty() {
+            let qp = self.ctrls[0]
+                .take_io_qpairs()
+                .pop()
+                .context("no I/O qpair")?;
+            return Ok(HostQp::One(Box::new(qp)));
+        }
+        let mut legs = Vec::new();
+        for (c, p) in self.ctrls.iter_mut().zip(&self.ana) {
+            let qp = c.take_io_qpairs().pop().context("no I/O qpair")?;
+            legs.push((qp, p.handle.clone()));
+        }
+        let timers = Timers {
+            fast_io_fail: (a.fast_io_fail_timeout_sec > 0)
+                .then(|| Duration::from_secs(a.fast_io_fail_timeout_sec)),
+            anatt: self.ctrls[0].ana_transition_time(),
+            ..Timers::default()
+        };
+        let qp = MultipathQpair::new(legs, a.multipath, timers);
+        Ok(HostQp::Multi(Box::new(qp)))
+    }
+
+    /// Keep-alive and reconnects of every path; ANA logs read again when they change. A
+    /// lost controller is an error only without other paths.
+    fn poll_admin(&mut self) -> anyhow::Result<()> {
+        for (i, c) in self.ctrls.iter_mut().enumerate() {
+            if self.lost[i] {
+                continue;
+            }
+            let mine = self.ana.get(i..=i).unwrap_or(&[]);
+            match c.poll_admin() {
+                Ok(events) => {
+                    for ev in events {
+                        match ev {
+                            ControllerEvent::AnaChanged { log: Some(log) } => {
+                                apply_ana_log(&log, mine)
+                            }
+                            ControllerEvent::AnaChanged { log: None }
+                            | ControllerEvent::Reconnected { .. } => {
+                                if let Err(e) = refresh_ana(c, mine) {
+                                    eprintln!("nvmf-host: {}: ANA log: {e}", c.peer());
+                                }
+                            }
+                            ControllerEvent::Disconnected { reason } => {
+                                eprintln!("nvmf-host: {}: {reason}", c.peer())
+                            }
+                            _ => {}
+                        }
+                    }
+                    if refresh_requested(mine) && c.is_live() {
+                        if let Err(e) = refresh_ana(c, mine) {
+                            eprintln!("nvmf-host: {}: ANA log: {e}", c.peer());
+                        }
+                    }
+                }
+                Err(e) if self.ana.is_empty() => return Err(e.into()),
+                Err(e) => {
+                    eprintln!("nvmf-host: {}: path lost: {e}", c.peer());
+                    self.lost[i] = true;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 fn cmd_rw(cli: &Cli, a: &Rw, write: bool) -> anyhow::Result<()> {
     if a.count == 0 {
         bail!("-c 0: nothing to transfer");
     }
-    let mut ctrl = connect(&a.r, cli, 1)?;
+    let mut paths = connect_paths(cli, a)?;
+    let ctrl = &mut paths.ctrls[0];
     let ns = ctrl
         .namespace(a.nsid)?
         .with_context(|| format!("namespace {} is not active", a.nsid))?;
@@ -418,10 +629,11 @@ fn cmd_rw(cli: &Cli, a: &Rw, write: bool) -> anyhow::Result<()> {
     } else {
         vec![0u8; total]
     };
-    let mut qp = ctrl.take_io_qpairs().pop().context("no I/O qpair")?;
+    let mut qp = paths.qpair(a)?;
     let depth = usize::from(a.depth.clamp(1, qp.depth()));
     let pool = BufferPool::new(chunk.next_multiple_of(4096), depth as u32)?;
-    ctrl.register_pool(&pool)?;
+    // Every path shares the first one's protection domain.
+    paths.ctrls[0].register_pool(&pool)?;
     let chunks = total.div_ceil(chunk);
     let (mut next, mut done) = (0usize, 0usize);
     let mut out: Vec<IoCompletion> = Vec::with_capacity(depth);
@@ -431,7 +643,7 @@ fn cmd_rw(cli: &Cli, a: &Rw, write: bool) -> anyhow::Result<()> {
         // Keep-alive (and failure detection) while the data moves: a long transfer must not
         // outlive the controller's KATO.
         if Instant::now() >= next_admin {
-            ctrl.poll_admin()?;
+            paths.poll_admin()?;
             next_admin = Instant::now() + Duration::from_millis(50);
         }
         while next < chunks && qp.outstanding() < depth {
@@ -443,9 +655,11 @@ fn cmd_rw(cli: &Cli, a: &Rw, write: bool) -> anyhow::Result<()> {
             let nlb = (len as u64 / bs) as u32;
             let r = if write {
                 buf.copy_from_slice(&data[off..off + len]);
-                qp.write(a.nsid, lba, nlb, buf, next as u64)
+                let cmd = Command::write(0, a.nsid, lba, nlb);
+                qp.submit(cmd, buf, DataDir::ToController, next as u64)
             } else {
-                qp.read(a.nsid, lba, nlb, buf, next as u64)
+                let cmd = Command::read(0, a.nsid, lba, nlb);
+                qp.submit(cmd, buf, DataDir::FromController, next as u64)
             };
             r.map_err(|e| {
                 anyhow::anyhow!(
@@ -483,8 +697,21 @@ fn cmd_rw(cli: &Cli, a: &Rw, write: bool) -> anyhow::Result<()> {
     if !write {
         std::fs::write(&a.file, &data).with_context(|| format!("writing {}", a.file))?;
     }
+    if let HostQp::Multi(m) = &qp {
+        let s = m.stats();
+        for (i, c) in paths.ctrls.iter().enumerate() {
+            eprintln!(
+                "path {}: {} commands",
+                c.peer(),
+                s.path_ios.get(i).copied().unwrap_or(0)
+            );
+        }
+        eprintln!("failovers {}, ANA statuses {}", s.failovers, s.ana_errors);
+    }
     qp.disconnect();
-    disconnect(ctrl);
+    for c in paths.ctrls {
+        disconnect(c);
+    }
     eprintln!(
         "{}: {} blocks of {bs} bytes at LBA {} ({} bytes)",
         if write { "write" } else { "read" },
@@ -613,5 +840,77 @@ fn main() -> ExitCode {
             eprintln!("nvmf-host: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_write_take_several_paths() {
+        let r1 = "trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4420 subnqn:nqn.x";
+        let r2 = "trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4421 subnqn:nqn.x";
+        let cli = Cli::try_parse_from([
+            "nvmf-host",
+            "write",
+            "-r",
+            r1,
+            "-r",
+            r2,
+            "-s",
+            "0",
+            "-c",
+            "8",
+            "-f",
+            "d",
+            "--multipath",
+            "active_active",
+            "--fast-io-fail-timeout-sec",
+            "5",
+        ])
+        .unwrap();
+        let Cmd::Write(a) = cli.cmd else {
+            panic!("write")
+        };
+        assert_eq!(a.r, [r1, r2]);
+        assert_eq!(a.multipath, Policy::ActiveActive);
+        assert_eq!(a.fast_io_fail_timeout_sec, 5);
+        let cli = Cli::try_parse_from([
+            "nvmf-host",
+            "read",
+            "-r",
+            r1,
+            "-s",
+            "0",
+            "-c",
+            "1",
+            "-f",
+            "d",
+        ])
+        .unwrap();
+        let Cmd::Read(a) = cli.cmd else {
+            panic!("read")
+        };
+        assert_eq!(a.multipath, Policy::ActivePassive);
+        assert_eq!(a.fast_io_fail_timeout_sec, 0);
+        assert!(
+            Cli::try_parse_from(["nvmf-host", "read", "-s", "0", "-c", "1", "-f", "d"]).is_err()
+        );
+        assert!(Cli::try_parse_from([
+            "nvmf-host",
+            "read",
+            "-r",
+            r1,
+            "-s",
+            "0",
+            "-c",
+            "1",
+            "-f",
+            "d",
+            "--multipath",
+            "x"
+        ])
+        .is_err());
     }
 }

@@ -9,7 +9,7 @@
 
 use clap::{ArgAction, Parser};
 use nvmf_initiator::size::parse_size_u32;
-use nvmf_initiator::MemoryWindows;
+use nvmf_initiator::{MemoryWindows, Policy};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -104,6 +104,21 @@ pub struct Args {
     /// With reconnect: give up this many seconds after the loss (-1: never; default 600).
     #[arg(long, allow_negative_numbers = true)]
     pub ctrl_loss_tmo: Option<i64>,
+    /// Several -r naming one subsystem at different addresses are paths to its namespaces
+    /// (same NGUID / EUI64 / UUID): active_passive (the first ANA-optimized path, failing
+    /// over and back), active_active (round robin over the optimized paths; SPDK's
+    /// multipath policy), or disable (each address is a controller of its own).
+    #[arg(long, default_value = "active_passive", value_name = "MODE")]
+    pub multipath: MultipathMode,
+    /// Multipath: fail I/O once no path has been usable this many seconds (SPDK's
+    /// fast_io_fail_timeout_sec; 0: wait until every path's controller is lost).
+    #[arg(
+        long,
+        alias = "fast-io-fail-timeout",
+        default_value_t = 0,
+        value_name = "S"
+    )]
+    pub fast_io_fail_timeout_sec: u64,
     /// Send writes as in-capsule data when the controller allows (0 disables).
     #[arg(long, default_value_t = 1)]
     pub in_capsule: u8,
@@ -250,6 +265,26 @@ pub struct SpdkOnly {
     /// Ignored (SPDK trace points).
     #[arg(short = 'y', long = "tpoint-group-mask")]
     tpoint_group_mask: Option<String>,
+}
+
+/// `--multipath`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MultipathMode {
+    Disable,
+    On(Policy),
+}
+
+impl std::str::FromStr for MultipathMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "disable" | "disabled" | "off" => Ok(Self::Disable),
+            p => p
+                .parse::<Policy>()
+                .map(Self::On)
+                .map_err(|_| format!("{s:?}: expected active_passive, active_active or disable")),
+        }
+    }
 }
 
 impl Args {
@@ -513,5 +548,32 @@ mod tests {
         assert_eq!(a.unsupported().len(), 4, "{:?}", a.unsupported());
         let a = parse("-r 'traddr:10.0.0.1' -w read -a 0");
         assert!(a.unsupported().is_empty());
+    }
+
+    #[test]
+    fn multipath_options() {
+        let two = "-r 'trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4420 subnqn:nqn.x' \
+                   -r 'trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:4421 subnqn:nqn.x' \
+                   -w randrw";
+        let a = parse(two);
+        assert_eq!(a.transport.len(), 2);
+        assert_eq!(a.multipath, MultipathMode::On(Policy::ActivePassive));
+        assert_eq!(a.fast_io_fail_timeout_sec, 0);
+        let a = parse(&format!(
+            "{two} --multipath active_active --fast-io-fail-timeout-sec 7"
+        ));
+        assert_eq!(a.multipath, MultipathMode::On(Policy::ActiveActive));
+        assert_eq!(a.fast_io_fail_timeout_sec, 7);
+        let a = parse(&format!(
+            "{two} --multipath disable --fast-io-fail-timeout 3"
+        ));
+        assert_eq!(a.multipath, MultipathMode::Disable);
+        assert_eq!(a.fast_io_fail_timeout_sec, 3);
+        assert_eq!(
+            parse("--multipath failover -r x -w read").multipath,
+            MultipathMode::On(Policy::ActivePassive)
+        );
+        let e = Args::try_parse_from(["nvmf-perf", "-r", "x", "-w", "read", "--multipath", "both"]);
+        assert!(e.unwrap_err().to_string().contains("active_passive"));
     }
 }

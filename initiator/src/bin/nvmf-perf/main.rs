@@ -8,6 +8,13 @@
 //!
 //! A transport ID without `subnqn` names a discovery service: as spdk_nvme_perf does, every
 //! NVM subsystem it lists is attached ([`attach_plan`]). The command line is in [`args`].
+//!
+//! Multipath (`--multipath`, on unless `disable`): transport IDs naming one subsystem at
+//! several addresses become the paths of its namespaces. Each association's qpair is then a
+//! [`MultipathQpair`] over one qpair per path; the main thread reads each path's ANA log at
+//! start, on ANA change notices, after a reconnect and when an I/O saw an ANA status, and
+//! publishes the states through [`PathHandle`]s. A path whose controller is lost is a
+//! warning, not a failure, while another path serves the namespace.
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -21,16 +28,18 @@ use nvmf_common::buffer::{BufferPool, IoBuf};
 use nvmf_common::reactor::{check_cores, parse_core_mask};
 use nvmf_common::spec::command::RW_FUA;
 use nvmf_common::spec::Command;
+use nvmf_initiator::path::{apply_ana_log, refresh_ana, refresh_requested};
 use nvmf_initiator::{
-    attach_plan, discover, Controller, ControllerEvent, ControllerOptions, DataDir, Histogram,
-    IoCompletion, IoQpair, IoStatus, NamespaceInfo, QpairState, QpairStats, Reconnect, TransportId,
+    attach_plan, discover, multipath, Controller, ControllerEvent, ControllerOptions, DataDir,
+    Histogram, IoCompletion, IoQpair, IoStatus, MultipathQpair, MultipathStats, NamespaceInfo,
+    NamespacePath, PathHandle, QpairState, QpairStats, Reconnect, SubmitError, Timers, TransportId,
 };
 use zerocopy::byteorder::little_endian::U32;
 
 mod args;
 mod zipf;
 
-use args::Args;
+use args::{Args, MultipathMode};
 use zipf::Zipf;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -111,12 +120,73 @@ impl Stats {
     }
 }
 
+/// One I/O qpair, or one per path of a multipath namespace.
+enum Qp {
+    // Boxed: both are large and of different sizes.
+    One(Box<IoQpair>),
+    Multi(Box<MultipathQpair>),
+}
+
+impl Qp {
+    fn submit(
+        &mut self,
+        cmd: Command,
+        buf: Option<IoBuf>,
+        dir: DataDir,
+        tag: u64,
+    ) -> Result<(), SubmitError> {
+        match self {
+            Self::One(q) => q.submit(cmd, buf, dir, tag),
+            Self::Multi(q) => q.submit(cmd, buf, dir, tag),
+        }
+    }
+
+    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+        match self {
+            Self::One(q) => q.poll(out),
+            Self::Multi(q) => q.poll(out),
+        }
+    }
+
+    fn state(&self) -> QpairState {
+        match self {
+            Self::One(q) => q.state(),
+            Self::Multi(q) => q.state(),
+        }
+    }
+
+    fn failure(&self) -> Option<&str> {
+        match self {
+            Self::One(q) => q.failure(),
+            Self::Multi(q) => q.failure(),
+        }
+    }
+
+    fn depth(&self) -> u16 {
+        match self {
+            Self::One(q) => q.depth(),
+            Self::Multi(q) => q.depth(),
+        }
+    }
+
+    fn set_max_completions(&mut self, n: u32) {
+        match self {
+            Self::One(q) => q.set_max_completions(n),
+            Self::Multi(q) => q.set_max_completions(n),
+        }
+    }
+}
+
 /// One namespace on one worker: its qpairs, buffers and counters.
 struct NsCtx {
     label: String,
     ns: NamespaceInfo,
     core: usize,
-    qpairs: Vec<IoQpair>,
+    qpairs: Vec<Qp>,
+    /// Multipath: each path's address (empty for a single path).
+    path_labels: Vec<String>,
+    /// Multipath: the qpairs' counters, gathered after the run.
+    mp_stats: MultipathStats,
     /// Buffers not in flight, by tag.
     bufs: Vec<Option<IoBuf>>,
     start: Vec<Instant>,
@@ -482,70 +552,159 @@ fn run(args: Args) -> anyhow::Result<bool> {
             }
         }
     }
-    let mut ctrls = Vec::new();
+    let policy = match args.multipath {
+        MultipathMode::Disable => None,
+        MultipathMode::On(p) => Some(p),
+    };
+    let groups = path_groups(&tids, policy.is_some());
+    let mut ctrls: Vec<Controller> = Vec::new();
+    // Per controller: the multipath namespaces it is a path of (their ANA states).
+    let mut ana_paths: Vec<Vec<NamespacePath>> = Vec::new();
     let mut unused: Vec<IoQpair> = Vec::new();
-    let mut namespaces: Vec<(usize, NamespaceInfo, String)> = Vec::new();
-    for tid in &tids {
-        // Ask for enough I/O queues for every association this controller could get.
-        opts.io_queues = 0;
-        opts.io_queues_requested =
-            (cores.len() * args.qpairs as usize * 8 + args.unused_qpairs as usize).min(1024) as u16;
-        let mut ctrl = Controller::connect(tid, ControllerOptions { ..opts.clone() })
+    let mut namespaces: Vec<Target> = Vec::new();
+    for group in &groups {
+        let first = ctrls.len();
+        for (k, &t) in group.iter().enumerate() {
+            let tid = &tids[t];
+            // Ask for enough I/O queues for every association this controller could get.
+            opts.io_queues = 0;
+            opts.io_queues_requested = (cores.len() * args.qpairs as usize * 8
+                + args.unused_qpairs as usize)
+                .min(1024) as u16;
+            let mut o = opts.clone();
+            if group.len() > 1 && o.reconnect.is_none() {
+                // A failed path comes back by reconnecting in the background.
+                o.reconnect = Some(MULTIPATH_RECONNECT);
+            }
+            let mut ctrl = if k == 0 {
+                Controller::connect(tid, o)
+            } else {
+                // One protection domain for all paths: one buffer registration serves them.
+                Controller::connect_with_pd(tid, o, ctrls[first].pd())
+            }
             .with_context(|| format!("connecting to {tid}"))?;
-        let idx = ctrls.len();
-        say(format!(
-            "Attached to NVMe over Fabrics controller at {}: {} (cntlid {}, {} I/O queues)",
-            ctrl.peer(),
-            tid.subnqn,
-            ctrl.info().cntlid,
-            ctrl.granted_io_queues()
-        ));
+            say(format!(
+                "Attached to NVMe over Fabrics controller at {}: {} (cntlid {}, {} I/O queues)",
+                ctrl.peer(),
+                tid.subnqn,
+                ctrl.info().cntlid,
+                ctrl.granted_io_queues()
+            ));
+            if args.io_size > ctrl.max_transfer() {
+                bail!(
+                    "-o {}: above the controller's maximum transfer of {} bytes",
+                    args.io_size,
+                    ctrl.max_transfer()
+                );
+            }
+            for _ in 0..args.unused_qpairs {
+                // -U: connected and never used, as spdk_nvme_perf's unused qpairs.
+                let depth = args.io_queue_size.unwrap_or(2).min(u32::from(u16::MAX)) as u16;
+                unused.push(
+                    ctrl.create_io_qpair(depth)
+                        .with_context(|| format!("connecting an unused I/O qpair on {tid}"))?,
+                );
+            }
+            ctrls.push(ctrl);
+            ana_paths.push(Vec::new());
+        }
+        let tid = &tids[group[0]];
         let ids = match tid.ns {
             Some(ns) => vec![ns],
-            None => ctrl.active_namespaces().context("listing namespaces")?,
+            None => ctrls[first]
+                .active_namespaces()
+                .context("listing namespaces")?,
         };
         for nsid in ids {
-            match ctrl.namespace(nsid)? {
-                Some(ns) => {
-                    let label = format!(
-                        "RDMA (addr:{} subnqn:{}) NSID {nsid}",
-                        tid.traddr, tid.subnqn
-                    );
-                    // `is_multiple_of` is newer than the workspace's rust-version.
-                    #[allow(clippy::manual_is_multiple_of)]
-                    let misaligned = args.io_size % ns.block_size != 0;
-                    if misaligned {
-                        eprintln!("nvmf-perf: skipping {label}: -o {} is not a multiple of its block size {}", args.io_size, ns.block_size);
-                        continue;
-                    }
-                    if u64::from(args.io_size) > ns.blocks * u64::from(ns.block_size) {
-                        eprintln!("nvmf-perf: skipping {label}: smaller than one I/O");
-                        continue;
-                    }
-                    namespaces.push((idx, ns, label));
-                }
-                None => eprintln!(
+            let Some(ns) = ctrls[first].namespace(nsid)? else {
+                eprintln!(
                     "nvmf-perf: namespace {nsid} of {} is not active",
                     tid.subnqn
-                ),
+                );
+                continue;
+            };
+            let label = if group.len() > 1 {
+                format!(
+                    "RDMA (subnqn:{} {} paths) NSID {nsid}",
+                    tid.subnqn,
+                    group.len()
+                )
+            } else {
+                format!(
+                    "RDMA (addr:{} subnqn:{}) NSID {nsid}",
+                    tid.traddr, tid.subnqn
+                )
+            };
+            // `is_multiple_of` is newer than the workspace's rust-version.
+            #[allow(clippy::manual_is_multiple_of)]
+            let misaligned = args.io_size % ns.block_size != 0;
+            if misaligned {
+                eprintln!(
+                    "nvmf-perf: skipping {label}: -o {} is not a multiple of its block size {}",
+                    args.io_size, ns.block_size
+                );
+                continue;
             }
+            if u64::from(args.io_size) > ns.blocks * u64::from(ns.block_size) {
+                eprintln!("nvmf-perf: skipping {label}: smaller than one I/O");
+                continue;
+            }
+            let members: Vec<usize> = (first..first + group.len()).collect();
+            let mut target = Target {
+                ctrls: members.clone(),
+                handles: Vec::new(),
+                path_labels: Vec::new(),
+                ns,
+                label,
+            };
+            if group.len() > 1 {
+                let mut seen: Option<(multipath::NamespaceIds, std::net::SocketAddr)> = None;
+                for &ci in &members {
+                    let c = &mut ctrls[ci];
+                    let peer = c.peer();
+                    let here = c.namespace(nsid)?.with_context(|| {
+                        format!("namespace {nsid} is not active on the path at {peer}")
+                    })?;
+                    if here != ns {
+                        bail!(
+                            "{}: the path at {peer} reports {} blocks of {} bytes, the first \
+                             {} of {}",
+                            target.label,
+                            here.blocks,
+                            here.block_size,
+                            ns.blocks,
+                            ns.block_size
+                        );
+                    }
+                    let (ids, anagrpid) = c
+                        .namespace_ids(nsid)
+                        .with_context(|| format!("identifying namespace {nsid} at {peer}"))?;
+                    if let Some((first_ids, first_peer)) = &seen {
+                        multipath::same_namespace(first_ids, &ids).map_err(|e| {
+                            anyhow::anyhow!(
+                                "NSID {nsid} at {first_peer} and at {peer} are not one \
+                                 namespace: {e}"
+                            )
+                        })?;
+                    } else {
+                        seen = Some((ids, peer));
+                    }
+                    let state = c
+                        .ana_state(nsid, anagrpid)
+                        .with_context(|| format!("reading the ANA log at {peer}"))?;
+                    say(format!("  path {peer}: NSID {nsid} {ids}, ANA {state}"));
+                    let handle = PathHandle::new(state);
+                    ana_paths[ci].push(NamespacePath {
+                        nsid,
+                        anagrpid,
+                        handle: handle.clone(),
+                    });
+                    target.handles.push(handle);
+                    target.path_labels.push(peer.to_string());
+                }
+            }
+            namespaces.push(target);
         }
-        if args.io_size > ctrl.max_transfer() {
-            bail!(
-                "-o {}: above the controller's maximum transfer of {} bytes",
-                args.io_size,
-                ctrl.max_transfer()
-            );
-        }
-        for _ in 0..args.unused_qpairs {
-            // -U: connected and never used, as spdk_nvme_perf's unused qpairs.
-            let depth = args.io_queue_size.unwrap_or(2).min(u32::from(u16::MAX)) as u16;
-            unused.push(
-                ctrl.create_io_qpair(depth)
-                    .with_context(|| format!("connecting an unused I/O qpair on {tid}"))?,
-            );
-        }
-        ctrls.push(ctrl);
     }
     if namespaces.is_empty() {
         bail!("no namespace to run on");
@@ -554,8 +713,8 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let mut per_core: Vec<Vec<NsCtx>> = (0..cores.len()).map(|_| Vec::new()).collect();
     let mut zipfs: Vec<Option<Arc<Zipf>>> = vec![None; namespaces.len()];
     for (n, w) in associations(namespaces.len(), cores.len(), args.use_every_core) {
-        let (ci, ns, label) = namespaces[n].clone();
-        let ctrl = &mut ctrls[ci];
+        let target = &namespaces[n];
+        let (ns, label) = (target.ns, target.label.clone());
         let p = args.qpairs as usize;
         let per_qp = args.queue_depth.div_ceil(args.qpairs).max(1);
         let mut qpairs = Vec::with_capacity(p);
@@ -563,12 +722,36 @@ fn run(args: Args) -> anyhow::Result<bool> {
             // One more entry than outstanding commands would be needed for a strict SQ
             // full check; Linux and SPDK size the queue at the depth, as here.
             let entries = args.io_queue_size.unwrap_or(per_qp);
-            let mut qp = ctrl
-                .create_io_qpair(entries.max(2).min(u32::from(u16::MAX)) as u16)
-                .with_context(|| format!("connecting an I/O qpair for {label}"))?;
+            let entries = entries.max(2).min(u32::from(u16::MAX)) as u16;
+            let mut legs = Vec::with_capacity(target.ctrls.len());
+            for &ci in &target.ctrls {
+                legs.push(
+                    ctrls[ci]
+                        .create_io_qpair(entries)
+                        .with_context(|| format!("connecting an I/O qpair for {label}"))?,
+                );
+            }
+            let mut qp = match policy {
+                Some(policy) if legs.len() > 1 => {
+                    let timers = Timers {
+                        fast_io_fail: (args.fast_io_fail_timeout_sec > 0)
+                            .then(|| Duration::from_secs(args.fast_io_fail_timeout_sec)),
+                        anatt: ctrls[target.ctrls[0]].ana_transition_time(),
+                        ..Timers::default()
+                    };
+                    let legs = legs
+                        .into_iter()
+                        .zip(target.handles.iter().cloned())
+                        .collect();
+                    Qp::Multi(Box::new(MultipathQpair::new(legs, policy, timers)))
+                }
+                _ => Qp::One(Box::new(legs.pop().expect("one path"))),
+            };
             qp.set_max_completions(args.max_completions);
             qpairs.push(qp);
         }
+        let ctrl = &ctrls[target.ctrls[0]];
+        let path_labels = target.path_labels.clone();
         let depth = args
             .queue_depth
             .min(qpairs.iter().map(|q| u32::from(q.depth())).sum());
@@ -602,6 +785,8 @@ fn run(args: Args) -> anyhow::Result<bool> {
             core: cores[w],
             qp_of: (0..depth as usize).map(|t| t % p).collect(),
             qpairs,
+            path_labels,
+            mp_stats: MultipathStats::default(),
             bufs,
             start: vec![Instant::now(); depth as usize],
             is_read: vec![false; depth as usize],
@@ -679,17 +864,39 @@ fn run(args: Args) -> anyhow::Result<bool> {
                                 c.peer()
                             ),
                             ControllerEvent::Reconnected { cntlid } => {
-                                eprintln!("nvmf-perf: {}: reconnected (cntlid {cntlid})", c.peer())
+                                eprintln!("nvmf-perf: {}: reconnected (cntlid {cntlid})", c.peer());
+                                // Its ANA states may have changed while it was away; they
+                                // are read before I/O fails back to it.
+                                refresh_path_states(c, &ana_paths[i]);
+                            }
+                            ControllerEvent::AnaChanged { log } => {
+                                eprintln!("nvmf-perf: {}: ANA change notice", c.peer());
+                                match log {
+                                    Some(log) => apply_ana_log(&log, &ana_paths[i]),
+                                    None => refresh_path_states(c, &ana_paths[i]),
+                                }
                             }
                             other => eprintln!("nvmf-perf: {}: {other:?}", c.peer()),
                         }
                     }
+                    // An I/O saw an ANA status through this controller: read its log again.
+                    if refresh_requested(&ana_paths[i]) && c.is_live() {
+                        refresh_path_states(c, &ana_paths[i]);
+                    }
                 }
                 Err(e) => {
                     lost[i] = true;
-                    ctrl_errors.push(format!("{}: {e}", c.peer()));
                     eprintln!("nvmf-perf: {}: {e}", c.peer());
-                    stop.store(true, Ordering::Relaxed);
+                    if ana_paths[i].is_empty() {
+                        ctrl_errors.push(format!("{}: {e}", c.peer()));
+                        stop.store(true, Ordering::Relaxed);
+                    } else {
+                        // One path of multipath namespaces: the others carry on.
+                        eprintln!(
+                            "nvmf-perf: {}: path lost; I/O continues on the others",
+                            c.peer()
+                        );
+                    }
                 }
             }
         }
@@ -728,11 +935,28 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let mut qp_stats: Vec<(String, u16, QpairStats)> = Vec::new();
     for c in results.iter_mut() {
         for qp in c.qpairs.drain(..) {
-            let st = qp.stats();
-            keys.remote_invalidations += st.remote_invalidations;
-            keys.local_invalidations += st.local_invalidations;
-            qp_stats.push((format!("{} from core {}", c.label, c.core), qp.qid(), st));
-            qp.disconnect();
+            match qp {
+                Qp::One(qp) => {
+                    let st = qp.stats();
+                    keys.remote_invalidations += st.remote_invalidations;
+                    keys.local_invalidations += st.local_invalidations;
+                    qp_stats.push((format!("{} from core {}", c.label, c.core), qp.qid(), st));
+                    qp.disconnect();
+                }
+                Qp::Multi(qp) => {
+                    c.mp_stats.merge(qp.stats());
+                    for (peer, qid, st) in qp.path_stats() {
+                        keys.remote_invalidations += st.remote_invalidations;
+                        keys.local_invalidations += st.local_invalidations;
+                        qp_stats.push((
+                            format!("{} via {peer} from core {}", c.label, c.core),
+                            qid,
+                            st,
+                        ));
+                    }
+                    qp.disconnect();
+                }
+            }
         }
     }
     for qp in unused {
@@ -746,6 +970,52 @@ fn run(args: Args) -> anyhow::Result<bool> {
         print_transport_stats(&args, &qp_stats);
     }
     Ok(ok)
+}
+
+/// Reconnect policy of multipath controllers when none is given: a failed path is tried
+/// again every 2 s (failback comes soon after the path returns), for nvme-cli's 600 s.
+const MULTIPATH_RECONNECT: Reconnect = Reconnect {
+    delay: Duration::from_secs(2),
+    ctrl_loss_tmo: Some(Duration::from_secs(600)),
+};
+
+/// A namespace to run on: through one controller, or one per path.
+struct Target {
+    /// Indices into the controllers, in path preference order.
+    ctrls: Vec<usize>,
+    /// Multipath: each path's ANA state (empty for a single path).
+    handles: Vec<PathHandle>,
+    path_labels: Vec<String>,
+    ns: NamespaceInfo,
+    label: String,
+}
+
+/// Groups the transport IDs into paths of one subsystem: same subsystem NQN and host NQN
+/// (in first-seen order, each group in the order given). Without multipath each is alone.
+fn path_groups(tids: &[TransportId], multipath: bool) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, t) in tids.iter().enumerate() {
+        let same = |g: &Vec<usize>| {
+            let f = &tids[g[0]];
+            f.subnqn == t.subnqn && f.hostnqn == t.hostnqn && f.ns == t.ns
+        };
+        match groups.iter_mut().find(|g| multipath && same(g)) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
+}
+
+/// Reads a controller's ANA log for its multipath namespaces; a failure leaves the states
+/// as they were (the next notice, reconnect or ANA status asks again).
+fn refresh_path_states(c: &mut Controller, paths: &[NamespacePath]) {
+    if paths.is_empty() {
+        return;
+    }
+    if let Err(e) = refresh_ana(c, paths) {
+        eprintln!("nvmf-perf: {}: reading the ANA log: {e}", c.peer());
+    }
 }
 
 /// (namespace index, worker index) pairs. As spdk_nvme_perf: max(namespaces, workers)
@@ -848,8 +1118,10 @@ fn report(
     let secs = elapsed.as_secs_f64().max(1e-9);
     let mut total = Stats::default();
     let mut failures: Vec<String> = ctrl_errors.to_vec();
+    let mut mp_total = MultipathStats::default();
     for c in results {
         total.merge(&c.stats);
+        mp_total.merge(&c.mp_stats);
         if let Some(f) = &c.failed {
             failures.push(format!("{} (core {}): {f}", c.label, c.core));
         }
@@ -886,6 +1158,21 @@ fn report(
             "remote_invalidations": keys.remote_invalidations,
             "local_invalidations": keys.local_invalidations,
         });
+        let mut namespaces = Vec::new();
+        for c in results {
+            let mut doc = one(&c.label, Some(c.core), &c.stats);
+            if !c.path_labels.is_empty() {
+                doc["multipath"] = multipath_json(c);
+            }
+            namespaces.push(doc);
+        }
+        if results.iter().any(|c| !c.path_labels.is_empty()) {
+            total_doc["multipath"] = serde_json::json!({
+                "failovers": mp_total.failovers,
+                "ana_errors": mp_total.ana_errors,
+                "no_path_failures": mp_total.no_path_failures,
+            });
+        }
         let doc = serde_json::json!({
             "config": {
                 "transport": args.transport,
@@ -896,9 +1183,11 @@ fn report(
                 "time_s": args.time,
                 "core_mask": args.core_mask,
                 "qpairs_per_ns": args.qpairs,
+                "multipath": multipath_mode_name(args.multipath),
+                "fast_io_fail_timeout_sec": args.fast_io_fail_timeout_sec,
             },
             "elapsed_s": secs,
-            "namespaces": results.iter().map(|c| one(&c.label, Some(c.core), &c.stats)).collect::<Vec<_>>(),
+            "namespaces": namespaces,
             "total": total_doc,
             "errors": failures,
             "first_io_error": total.first_error,
@@ -972,6 +1261,9 @@ fn report(
                 print!("{}", latency_report(&name, &c.stats.hist, args.latency));
             }
         }
+        for c in results.iter().filter(|c| !c.path_labels.is_empty()) {
+            print!("{}", multipath_text(c));
+        }
         if keys.windows {
             println!(
                 "data keys: per-I/O memory windows, {} invalidated by the target, {} locally",
@@ -996,6 +1288,53 @@ fn report(
     Ok(!errors_fail && failures.is_empty())
 }
 
+fn multipath_mode_name(m: MultipathMode) -> &'static str {
+    match m {
+        MultipathMode::Disable => "disable",
+        MultipathMode::On(nvmf_initiator::Policy::ActivePassive) => "active_passive",
+        MultipathMode::On(nvmf_initiator::Policy::ActiveActive) => "active_active",
+    }
+}
+
+/// A multipath namespace's paths (I/Os completed through each) and failovers, for `--json`.
+fn multipath_json(c: &NsCtx) -> serde_json::Value {
+    let s = &c.mp_stats;
+    let paths: Vec<_> = c
+        .path_labels
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            serde_json::json!({
+                "address": addr,
+                "ios": s.path_ios.get(i).copied().unwrap_or(0),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "paths": paths,
+        "failovers": s.failovers,
+        "ana_errors": s.ana_errors,
+        "no_path_failures": s.no_path_failures,
+    })
+}
+
+/// The same as [`multipath_json`], as lines after the table.
+fn multipath_text(c: &NsCtx) -> String {
+    let s = &c.mp_stats;
+    let mut out = format!("multipath {} from core {}:\n", c.label, c.core);
+    for (i, addr) in c.path_labels.iter().enumerate() {
+        out += &format!(
+            "  path {addr}: {} I/Os\n",
+            s.path_ios.get(i).copied().unwrap_or(0)
+        );
+    }
+    out += &format!(
+        "  failovers {}  ANA statuses {}  failed for want of a path {}\n",
+        s.failovers, s.ana_errors, s.no_path_failures
+    );
+    out
+}
+
 fn main() -> ExitCode {
     nvmf_initiator::init_tool_logging();
     let args = Args::parse();
@@ -1012,6 +1351,62 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transport_ids_of_one_subsystem_are_paths() {
+        let t = |port: u16, nqn: &str| -> TransportId {
+            format!("trtype:RDMA adrfam:IPv4 traddr:10.0.0.1 trsvcid:{port} subnqn:{nqn}")
+                .parse()
+                .unwrap()
+        };
+        let tids = [t(4420, "nqn.a"), t(4420, "nqn.b"), t(4421, "nqn.a")];
+        assert_eq!(path_groups(&tids, true), [vec![0, 2], vec![1]]);
+        assert_eq!(path_groups(&tids, false), [vec![0], vec![1], vec![2]]);
+        let mut other_host = t(4422, "nqn.a");
+        other_host.hostnqn = Some("nqn.h2".into());
+        let tids = [t(4420, "nqn.a"), other_host];
+        assert_eq!(path_groups(&tids, true), [vec![0], vec![1]]);
+    }
+
+    #[test]
+    fn multipath_report_lists_paths_and_failovers() {
+        let c = NsCtx {
+            label: "ns".into(),
+            ns: NamespaceInfo {
+                nsid: 1,
+                block_size: 512,
+                blocks: 8,
+            },
+            core: 0,
+            qpairs: Vec::new(),
+            path_labels: vec!["10.0.0.1:4420".into(), "10.0.0.1:4421".into()],
+            mp_stats: MultipathStats {
+                path_ios: vec![10, 20],
+                failovers: 3,
+                ana_errors: 1,
+                no_path_failures: 0,
+            },
+            bufs: Vec::new(),
+            start: Vec::new(),
+            qp_of: Vec::new(),
+            is_read: Vec::new(),
+            depth: 0,
+            blocks_per_io: 1,
+            slots: 8,
+            seq: 0,
+            zipf: None,
+            retry: Vec::new(),
+            stats: Stats::default(),
+            failed: None,
+        };
+        let j = multipath_json(&c);
+        assert_eq!(j["paths"][1]["address"], "10.0.0.1:4421");
+        assert_eq!(j["paths"][1]["ios"], 20);
+        assert_eq!(j["failovers"], 3);
+        let t = multipath_text(&c);
+        assert!(t.contains("path 10.0.0.1:4420: 10 I/Os"), "{t}");
+        assert!(t.contains("failovers 3"), "{t}");
+    }
 
     #[test]
     fn associations_round_robin_or_every_core() {
