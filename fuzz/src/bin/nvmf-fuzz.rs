@@ -13,16 +13,36 @@ use std::time::{Duration, Instant};
 use nvmf_fuzz::driver::{self, Budget};
 
 fn usage() -> ExitCode {
+    print_usage();
+    ExitCode::from(64)
+}
+
+fn print_usage() {
     eprintln!(
-        "usage: nvmf-fuzz run TARGET SECONDS [SEED] | nvmf-fuzz one TARGET [FILE]\n\
-         targets: {}",
+        "usage: nvmf-fuzz run TARGET SECONDS [SEED] | nvmf-fuzz one TARGET [FILE] | nvmf-fuzz seeds DIR\n\
+         targets: {}\n\
+         \n\
+         run: seeded structure-aware mutation for SECONDS, invariants checked after every input;\n\
+         one: a single input from FILE (or stdin), as AFL++ feeds it (fuzz/afl.sh);\n\
+         seeds: write the capsule seed corpus into DIR.\n\
+         \n\
+         Examples:\n\
+         \x20 nvmf-fuzz run capsule 60           # a minute of capsule + SGL + Connect inputs\n\
+         \x20 nvmf-fuzz run rpc-stream 30 42     # replay the run with seed 42\n\
+         \x20 nvmf-fuzz one rpc-dispatch crash.bin\n\
+         \n\
+         A broken invariant panics (exit 101) after saving the input as\n\
+         $TMPDIR/nvmf-fuzz-crashes/crash-SEED-N; bad arguments exit 64.",
         nvmf_fuzz::TARGETS.join(", ")
     );
-    ExitCode::from(64)
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if matches!(args.first().map(String::as_str), Some("-h" | "--help")) {
+        print_usage();
+        return ExitCode::SUCCESS;
+    }
     if let (Some("seeds"), Some(dir)) = (args.first().map(String::as_str), args.get(1)) {
         for (name, bytes) in nvmf_fuzz::capsule::seeds() {
             if let Err(e) = std::fs::write(std::path::Path::new(dir).join(name), bytes) {

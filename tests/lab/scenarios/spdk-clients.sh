@@ -111,7 +111,10 @@ for release in $releases; do
     lab_t 180 "$venv/bin/python" "$checker" "$NVMF_RPC_SOCK" "$nqn2" "$hostnqn" Aio0 ||
         lab_fail "$release: a *_get_* answer lacks SPDK's layout (above)"
     ls_out=$LAB_OUT/spdk-cli-ls-$tag.txt
-    lab_t 180 "$venv/bin/spdk-cli" -s "$NVMF_RPC_SOCK" ls >"$ls_out" 2>&1 ||
+    # spdk-cli (configshell) keeps its history and log under $HOME/.scripts: the guest's /root
+    # is read-only.
+    mkdir -p "$LAB_STATE/home"
+    HOME=$LAB_STATE/home lab_t 180 "$venv/bin/spdk-cli" -s "$NVMF_RPC_SOCK" ls >"$ls_out" 2>&1 ||
         { cat "$ls_out" >&2; lab_fail "$release: spdk-cli ls"; }
     for want in "$nqn" "$nqn2" Malloc0 Malloc1 Null0 Aio0; do
         grep -qF "$want" "$ls_out" || { cat "$ls_out" >&2; lab_fail "$release: spdk-cli ls does not show $want"; }
