@@ -5,9 +5,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use nvmf_common::spec::log_page::AnaState;
 use nvmf_common::spec::nqn::{validate_nqn, DISCOVERY_NQN};
 
 use crate::bdev::{BdevError, BdevRegistry};
+use crate::core::ana::{AnaConfig, ListenerAna};
 use crate::core::subsystem::{
     ListenAddress, Namespace, NsStats, Referral, SubsystemConfig, SubsystemId, SubsystemKind,
     SubsystemShared,
@@ -122,6 +124,8 @@ pub struct NamespaceOptions {
     pub eui64: Option<[u8; 8]>,
     /// Visible to no host until [`Target::ns_add_host`] names one (SPDK's `no_auto_visible`).
     pub no_auto_visible: bool,
+    /// ANA group; the NSID when absent or 0, as in SPDK.
+    pub anagrpid: Option<u32>,
 }
 
 pub struct Target {
@@ -238,6 +242,7 @@ impl Target {
                 min_cntlid: opts.min_cntlid,
                 max_cntlid: opts.max_cntlid,
                 ana_reporting: opts.ana_reporting,
+                ana: AnaConfig::default(),
                 shared: Arc::new(SubsystemShared::new(opts.min_cntlid)),
             },
         );
@@ -283,6 +288,17 @@ impl Target {
             Some(n) if sub.namespaces.contains_key(&n) => return Err(TargetError::NsidInUse(n)),
             Some(n) => n,
         };
+        let anagrpid = match opts.anagrpid {
+            Some(0) | None => nsid,
+            Some(g) => g,
+        };
+        // SPDK's bound: no group id above the highest NSID the subsystem may hold.
+        let max_nsid = sub.max_nsid().max(nsid);
+        if anagrpid > max_nsid {
+            return Err(TargetError::Invalid(format!(
+                "anagrpid {anagrpid} exceeds the maximum NSID {max_nsid}"
+            )));
+        }
         let user = format!("{nqn} nsid {nsid}");
         let bdev = self.bdevs.claim(&opts.bdev_name, &user)?;
         let uuid = opts.uuid.unwrap_or_else(|| bdev.uuid());
@@ -297,6 +313,7 @@ impl Target {
         });
         let sub = self.subsystem_mut(nqn)?;
         sub.namespaces.insert(nsid, ns);
+        sub.ana.ns_groups.insert(nsid, anagrpid);
         self.publish(nqn);
         Ok(nsid)
     }
@@ -308,6 +325,7 @@ impl Target {
             .remove(&nsid)
             .ok_or(TargetError::NoNamespace(nsid))?;
         sub.ns_hosts.remove(&nsid);
+        sub.ana.ns_groups.remove(&nsid);
         self.bdevs.release(ns.bdev.name());
         self.publish(nqn);
         Ok(())
@@ -459,6 +477,17 @@ impl Target {
     }
 
     pub fn add_listener(&mut self, nqn: &str, addr: ListenAddress) -> Result<(), TargetError> {
+        self.add_listener_with_ana(nqn, addr, AnaState::OPTIMIZED)
+    }
+
+    /// Adds a listener whose ANA groups all start in `ana_state` (SPDK's listener option; it
+    /// matters once the subsystem reports ANA).
+    pub fn add_listener_with_ana(
+        &mut self,
+        nqn: &str,
+        addr: ListenAddress,
+        ana_state: AnaState,
+    ) -> Result<(), TargetError> {
         if self.subsystem(nqn)?.listeners.contains(&addr) {
             return Err(TargetError::ListenerExists(addr.to_string()));
         }
@@ -475,8 +504,71 @@ impl Target {
             .subsystems
             .get_mut(nqn)
             .ok_or_else(|| TargetError::NoSubsystem(nqn.to_string()))?;
+        sub.ana
+            .listeners
+            .insert(addr.clone(), ListenerAna::new(ana_state));
         sub.listeners.push(addr);
         self.publish(nqn);
+        Ok(())
+    }
+
+    /// Sets the state of ANA group `anagrpid` (every group when `None`) through the listener
+    /// `addr`; controllers that came through it and see a namespace of a changed group get an
+    /// ANA Change notice. Setting the state a group already has changes nothing.
+    pub fn set_ana_state(
+        &mut self,
+        nqn: &str,
+        addr: &ListenAddress,
+        state: AnaState,
+        anagrpid: Option<u32>,
+    ) -> Result<(), TargetError> {
+        let sub = self.subsystem_mut(nqn)?;
+        if !sub.ana_reporting {
+            return Err(TargetError::Invalid(format!(
+                "ANA reporting is disabled for {nqn} (create it with ana_reporting)"
+            )));
+        }
+        if let Some(g) = anagrpid {
+            let max = sub.ana_group_max();
+            if g == 0 || g > max {
+                return Err(TargetError::Invalid(format!(
+                    "anagrpid {g} is outside 1..={max}"
+                )));
+            }
+        }
+        let listener = sub
+            .ana
+            .listeners
+            .get_mut(addr)
+            .ok_or_else(|| TargetError::NoListener(addr.to_string()))?;
+        if listener.set(anagrpid, state) {
+            self.publish(nqn);
+        }
+        Ok(())
+    }
+
+    /// Moves namespace `nsid` to ANA group `anagrpid` (SPDK's `nvmf_subsystem_set_ns_ana_group`);
+    /// controllers that see it get an ANA Change notice if its state through their listener
+    /// changes with it, and a new change count in any case.
+    pub fn set_ns_ana_group(
+        &mut self,
+        nqn: &str,
+        nsid: u32,
+        anagrpid: u32,
+    ) -> Result<(), TargetError> {
+        let sub = self.subsystem_mut(nqn)?;
+        if !sub.namespaces.contains_key(&nsid) {
+            return Err(TargetError::NoNamespace(nsid));
+        }
+        let max = sub.max_nsid();
+        if anagrpid == 0 || anagrpid > max {
+            return Err(TargetError::Invalid(format!(
+                "anagrpid {anagrpid} is outside 1..={max}"
+            )));
+        }
+        if sub.ana.ns_groups.insert(nsid, anagrpid) != Some(anagrpid) {
+            self.publish(nqn);
+        }
         Ok(())
     }
 
@@ -493,6 +585,7 @@ impl Target {
         if sub.listeners.len() == before {
             return Err(TargetError::NoListener(addr.to_string()));
         }
+        sub.ana.listeners.remove(addr);
         for ctrl in sub.shared.controllers() {
             if ctrl.listener.as_ref().is_none_or(|l| l == addr) {
                 ctrl.fail();

@@ -190,6 +190,17 @@ pub const CMIC_MULTI_PORT: u8 = 1 << 0;
 pub const CMIC_MULTI_CONTROLLER: u8 = 1 << 1;
 pub const CMIC_ANA: u8 = 1 << 3;
 
+/// ANACAP bits (NVMe 2.0 base, Figure 275): the ANA states the controller can report (bits
+/// 4:0); bit 6 promises an ANAGRPID never changes while the namespace is attached, bit 7 that
+/// Namespace Management takes a non-zero ANAGRPID.
+pub const ANACAP_OPTIMIZED: u8 = 1 << 0;
+pub const ANACAP_NON_OPTIMIZED: u8 = 1 << 1;
+pub const ANACAP_INACCESSIBLE: u8 = 1 << 2;
+pub const ANACAP_PERSISTENT_LOSS: u8 = 1 << 3;
+pub const ANACAP_CHANGE: u8 = 1 << 4;
+pub const ANACAP_GRPID_STATIC: u8 = 1 << 6;
+pub const ANACAP_GRPID_NS_MGMT: u8 = 1 << 7;
+
 /// OAES bits matching the AEC feature bits in [`super::features`].
 pub const OAES_NAMESPACE_ATTRIBUTE: u32 = 1 << 8;
 pub const OAES_FIRMWARE_ACTIVATION: u32 = 1 << 9;

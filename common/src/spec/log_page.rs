@@ -294,6 +294,79 @@ impl DiscoveryLogEntry {
     }
 }
 
+/// Asymmetric Namespace Access log page header (NVMe 2.0 base, Figure 224): 16 bytes, then
+/// [`AnaGroupDescriptor`]s, each followed by its NSIDs (4 bytes each, ascending).
+#[repr(C)]
+#[derive(
+    Clone,
+    Copy,
+    Default,
+    Debug,
+    PartialEq,
+    Eq,
+    FromBytes,
+    IntoBytes,
+    KnownLayout,
+    Immutable,
+    Unaligned,
+)]
+pub struct AnaLogHeader {
+    /// Incremented each time the log page's contents change (wraps to 0).
+    pub chgcnt: U64,
+    /// Number of ANA Group Descriptors that follow.
+    pub ngrps: U16,
+    pub rsvd10: [u8; 6],
+}
+const _: () = assert!(core::mem::size_of::<AnaLogHeader>() == 16);
+
+/// One ANA group in the ANA log page (NVMe 2.0 base, Figure 225); `nnsids` NSIDs follow it.
+#[repr(C)]
+#[derive(
+    Clone,
+    Copy,
+    Default,
+    Debug,
+    PartialEq,
+    Eq,
+    FromBytes,
+    IntoBytes,
+    KnownLayout,
+    Immutable,
+    Unaligned,
+)]
+pub struct AnaGroupDescriptor {
+    pub grpid: U32,
+    /// NSIDs listed after the descriptor (0 when the host asked for groups only).
+    pub nnsids: U32,
+    pub chgcnt: U64,
+    /// ANA state in bits 3:0 ([`AnaState`]).
+    pub state: u8,
+    pub rsvd17: [u8; 15],
+}
+const _: () = assert!(core::mem::size_of::<AnaGroupDescriptor>() == 32);
+
+open_enum! {
+    /// Asymmetric Namespace Access states (NVMe 2.0 base, 8.1.1 and Figure 225).
+    pub struct AnaState(u8) {
+        OPTIMIZED = 0x1,
+        NON_OPTIMIZED = 0x2,
+        INACCESSIBLE = 0x3,
+        PERSISTENT_LOSS = 0x4,
+        CHANGE = 0xF,
+    }
+}
+
+impl AnaState {
+    /// Commands to a namespace in this state execute (optimized or non-optimized path);
+    /// otherwise I/O is answered with a path-related ANA status.
+    pub fn is_accessible(self) -> bool {
+        self == Self::OPTIMIZED || self == Self::NON_OPTIMIZED
+    }
+}
+
+/// Get Log Page LSP bit 0 for the ANA log: Return Groups Only (no NSID lists).
+pub const ANA_LSP_RGO: u8 = 1 << 0;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,16 +3,18 @@
 use nvmf_common::spec::command::{Abort, GetFeatures, GetLogPage, Identify, SetFeatures, NSID_ALL};
 use nvmf_common::spec::features::{
     async_event_dw0, AsyncEventType, AsyncNotice, FeatureId, FeatureSelect, NumberOfQueues,
-    AEC_DISCOVERY_LOG_CHANGE, AEC_NAMESPACE_ATTRIBUTE, FEATURE_CAP_CHANGEABLE, VWC_ENABLE,
+    AEC_ANA_CHANGE, AEC_DISCOVERY_LOG_CHANGE, AEC_NAMESPACE_ATTRIBUTE, FEATURE_CAP_CHANGEABLE,
+    VWC_ENABLE,
 };
 use nvmf_common::spec::identify::*;
 use nvmf_common::spec::log_page::{
-    set_u128, ErrorLogEntry, FirmwareSlotLog, LogPageId, SmartHealthLog,
+    set_u128, AnaState, ErrorLogEntry, FirmwareSlotLog, LogPageId, SmartHealthLog, ANA_LSP_RGO,
 };
 use nvmf_common::spec::{AdminOpcode, Status};
 use zerocopy::{FromZeros, IntoBytes};
 
 use crate::cmd::{data_phase, discovery, fabrics::NVME_VERSION};
+use crate::core::ana;
 use crate::core::controller::{ControllerLocal, AER_LIMIT, ERROR_LOG_ENTRIES};
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, Request};
@@ -157,6 +159,15 @@ fn identify(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
                 data.nguid = ns.nguid;
                 data.eui64 = ns.eui64;
                 data.lbaf[0] = LbaFormat::new(ns.block_size().trailing_zeros() as u8, 0);
+                if sub.ana_reporting {
+                    data.anagrpid.set(sub.anagrpid(nsid));
+                    // Through a path with no access nothing is in use (SPDK's NUSE rule).
+                    let ctrl = q.ctrl.as_ref().expect("connected");
+                    let state = sub.ns_ana_state(ctrl.listener.as_ref(), nsid);
+                    if state == AnaState::INACCESSIBLE || state == AnaState::PERSISTENT_LOSS {
+                        data.nuse.set(0);
+                    }
+                }
             }
             req.fill_data(data.as_bytes());
         }
@@ -243,6 +254,24 @@ fn identify_controller(
     let write_cache = sub.namespaces.values().any(|ns| ns.bdev.has_write_cache());
     // Flush with NSID FFFFFFFFh is not supported (VWC bits 2:1 = 10b).
     id.vwc = 0b100 | if write_cache { VWC_PRESENT } else { 0 };
+    if sub.ana_reporting {
+        id.cmic |= CMIC_ANA;
+        id.oaes.set(OAES_NAMESPACE_ATTRIBUTE | OAES_ANA_CHANGE);
+        id.anatt = ana::ANA_TRANSITION_TIME_S;
+        // Every state can be set through the RPCs. No ANAGRPID promise (bit 6): a group can
+        // change while the namespace is attached (nvmf_subsystem_set_ns_ana_group), as nvmet
+        // reports too.
+        id.anacap = ANACAP_OPTIMIZED
+            | ANACAP_NON_OPTIMIZED
+            | ANACAP_INACCESSIBLE
+            | ANACAP_PERSISTENT_LOSS
+            | ANACAP_CHANGE;
+        id.anagrpmax.set(sub.ana_group_max());
+        // At most one group per namespace; Linux sizes its ANA log buffer from NANAGRPID and
+        // MNAN (which must be non-zero and at most NN), so both stay at the NSID bound.
+        id.nanagrpid.set(sub.max_nsid());
+        id.mnan.set(sub.max_nsid());
+    }
     id
 }
 
@@ -282,6 +311,23 @@ fn get_log_page(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
             log.afi = 1;
             set_ascii(&mut log.frs[0], &core.info.firmware_revision);
             log.as_bytes().to_vec()
+        }
+        LogPageId::ASYMMETRIC_NAMESPACE_ACCESS if !discovery => {
+            let Some(sub) = q.subsystem.and_then(|s| core.subsystem(s)).cloned() else {
+                return req.fail(Status::INTERNAL_ERROR.with_dnr());
+            };
+            if !sub.ana_reporting {
+                return req.fail(Status::INVALID_LOG_PAGE.with_dnr());
+            }
+            let ctrl = q.ctrl.as_ref().expect("connected");
+            let view = sub.ana_view(ctrl.listener.as_ref(), &ctrl.hostnqn);
+            let Some(local) = core.controllers.get_mut(&key) else {
+                return req.fail(Status::INTERNAL_ERROR.with_dnr());
+            };
+            if !glp.rae {
+                local.ana_change_masked = false;
+            }
+            ana::log_page(&view, local.ana_change_count, glp.lsp & ANA_LSP_RGO != 0)
         }
         LogPageId::CHANGED_NAMESPACE_LIST if !discovery => {
             let Some(local) = core.controllers.get_mut(&key) else {
@@ -439,6 +485,7 @@ fn set_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
     }
     let discovery = ctrl.kind == SubsystemKind::Discovery;
     let key = key_of(q);
+    let ana = core.subsystem(key.0).is_some_and(|s| s.ana_reporting);
     let Some(local) = core.controllers.get_mut(&key) else {
         return req.fail(Status::INTERNAL_ERROR.with_dnr());
     };
@@ -471,6 +518,8 @@ fn set_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
         FeatureId::ASYNC_EVENT_CONFIGURATION => {
             let allowed = if discovery {
                 AEC_DISCOVERY_LOG_CHANGE
+            } else if ana {
+                AEC_NAMESPACE_ATTRIBUTE | AEC_ANA_CHANGE
             } else {
                 AEC_NAMESPACE_ATTRIBUTE
             };
@@ -550,6 +599,24 @@ pub(crate) fn raise_namespace_notice(core: &mut CoreCtx, key: Key) {
         AsyncEventType::NOTICE,
         AsyncNotice::NAMESPACE_ATTRIBUTE_CHANGED.0,
         LogPageId::CHANGED_NAMESPACE_LIST,
+    ));
+    deliver_events(core, key);
+}
+
+/// Queues an Asymmetric Namespace Access Change notice if the host enabled it (AEC bit 11)
+/// and has read the ANA log since the last one.
+pub(crate) fn raise_ana_notice(core: &mut CoreCtx, key: Key) {
+    let Some(local) = core.controllers.get_mut(&key) else {
+        return;
+    };
+    if local.async_event_config & AEC_ANA_CHANGE == 0 || local.ana_change_masked {
+        return;
+    }
+    local.ana_change_masked = true;
+    local.pending_events.push_back(async_event_dw0(
+        AsyncEventType::NOTICE,
+        AsyncNotice::ANA_CHANGE.0,
+        LogPageId::ASYMMETRIC_NAMESPACE_ACCESS,
     ));
     deliver_events(core, key);
 }

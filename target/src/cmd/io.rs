@@ -9,6 +9,7 @@ use zerocopy::FromBytes;
 
 use crate::bdev::{BdevCompletion, BdevIo, IoKind};
 use crate::cmd::data_phase;
+use crate::core::ana;
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, Request};
 use crate::core::status::from_bdev;
@@ -45,6 +46,14 @@ pub fn prepare(
     let ns = core
         .visible_namespace(sid, nsid, &ctrl.hostnqn)
         .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+    // Through a path whose ANA group is inaccessible, lost or in transition no I/O command
+    // runs (NVMe 2.0 base, 8.1.3); the status sends a multipath host to another path.
+    if let Some(sub) = core.subsystem(sid).filter(|s| s.ana_reporting) {
+        let state = sub.ns_ana_state(ctrl.listener.as_ref(), nsid);
+        if let Some(status) = ana::io_status(state) {
+            return Err(status);
+        }
+    }
     req.nsid = nsid;
     let read_only = ns.bdev.read_only();
     match IoOpcode(req.cmd.opcode) {

@@ -193,6 +193,11 @@ pub struct ControllerLocal {
     pub ns_change_masked: bool,
     pub changed_namespaces: BTreeSet<u32>,
     pub changed_ns_overflow: bool,
+    /// ANA log page change count: bumped each time this controller's ANA view changes.
+    pub ana_change_count: u64,
+    /// An ANA Change notice was sent and the ANA log not read yet (without RAE): no further
+    /// one until it is.
+    pub ana_change_masked: bool,
     pub error_log: VecDeque<ErrorLogEntry>,
     pub error_count: u64,
 }
@@ -208,6 +213,8 @@ impl ControllerLocal {
             ns_change_masked: false,
             changed_namespaces: BTreeSet::new(),
             changed_ns_overflow: false,
+            ana_change_count: 0,
+            ana_change_masked: false,
             error_log: VecDeque::with_capacity(ERROR_LOG_ENTRIES),
             error_count: 0,
         }

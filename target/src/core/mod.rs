@@ -23,6 +23,7 @@ use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
 use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId, SubsystemKind};
 
+pub mod ana;
 pub mod controller;
 pub mod latency;
 pub mod poll_group;
@@ -214,6 +215,9 @@ impl CoreCtx {
             },
         );
         self.notify_namespace_change(id, &changed, old_config.as_deref(), &config);
+        if let Some(old) = old_config.as_deref() {
+            self.notify_ana_change(old, &config);
+        }
         self.notify_discovery_change();
     }
 
@@ -303,6 +307,42 @@ impl CoreCtx {
                 ctrl.note_changed_namespace(nsid);
             }
             cmd::admin::raise_namespace_notice(self, key);
+        }
+    }
+
+    /// Tells each of this reactor's controllers of the subsystem whose ANA view changed (a
+    /// group's state through its listener, a namespace's group, a namespace it sees come or
+    /// go): its ANA log change count moves, and when a namespace it already saw changed group
+    /// or state, it gets an ANA Change notice (SPDK notifies the controllers of the listener
+    /// whose state was set; added namespaces are announced by the namespace notice, and Linux
+    /// reads the ANA log for a namespace whose group it does not know).
+    fn notify_ana_change(&mut self, old: &SubsystemConfig, new: &SubsystemConfig) {
+        if !new.ana_reporting {
+            return;
+        }
+        let keys: Vec<_> = self
+            .controllers
+            .keys()
+            .filter(|(sid, _)| *sid == new.id)
+            .copied()
+            .collect();
+        for key in keys {
+            let Some(ctrl) = self.controllers.get_mut(&key) else {
+                continue;
+            };
+            let (listener, host) = (ctrl.shared.listener.as_ref(), &ctrl.shared.hostnqn);
+            let before = old.ana_view(listener, host);
+            let after = new.ana_view(listener, host);
+            if before == after {
+                continue;
+            }
+            ctrl.ana_change_count = ctrl.ana_change_count.wrapping_add(1);
+            let moved = before
+                .iter()
+                .any(|(nsid, was)| after.get(nsid).is_some_and(|now| now != was));
+            if moved {
+                cmd::admin::raise_ana_notice(self, key);
+            }
         }
     }
 

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use nvmf_common::spec::nqn::DISCOVERY_NQN;
 
 use crate::bdev::BdevRef;
+use crate::core::ana::AnaConfig;
 use crate::core::controller::ControllerShared;
 
 /// NN reported by subsystems created without a namespace limit.
@@ -231,6 +232,8 @@ pub struct SubsystemConfig {
     pub min_cntlid: u16,
     pub max_cntlid: u16,
     pub ana_reporting: bool,
+    /// ANA groups of the namespaces and the state of each group through each listener.
+    pub ana: AnaConfig,
     pub shared: Arc<SubsystemShared>,
 }
 
@@ -252,6 +255,7 @@ impl SubsystemConfig {
             min_cntlid: 1,
             max_cntlid: 0xFFEF,
             ana_reporting: false,
+            ana: AnaConfig::default(),
             shared: Arc::new(SubsystemShared::new(1)),
         }
     }

@@ -29,6 +29,7 @@ pub mod config_loader;
 pub mod framework;
 pub mod log;
 pub mod nvmf;
+pub mod nvmf_ana;
 pub mod nvmf_ns_hosts;
 pub mod nvmf_referrals;
 pub mod spdk_settings;
@@ -38,6 +39,8 @@ pub use config_loader::{load_config, load_config_with, LoadOptions, LoadReport};
 
 #[cfg(test)]
 mod config_loader_tests;
+#[cfg(test)]
+mod nvmf_ana_tests;
 #[cfg(test)]
 mod nvmf_masking_tests;
 #[cfg(test)]
@@ -299,6 +302,16 @@ pub static METHODS: &[Method] = &[
         "nvmf_subsystem_get_listeners",
         RuntimeOnly,
         nvmf::nvmf_subsystem_get_listeners,
+    ),
+    m(
+        "nvmf_subsystem_listener_set_ana_state",
+        RuntimeOnly,
+        nvmf_ana::nvmf_subsystem_listener_set_ana_state,
+    ),
+    m(
+        "nvmf_subsystem_set_ns_ana_group",
+        RuntimeOnly,
+        nvmf_ana::nvmf_subsystem_set_ns_ana_group,
     ),
     m(
         "nvmf_subsystem_add_ns",

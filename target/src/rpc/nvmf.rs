@@ -1,7 +1,7 @@
 //! NVMe-oF methods (`lib/nvmf/nvmf_rpc.c`) and the nvmf part of `framework_get_config`
 //! (`spdk_nvmf_tgt_write_config_json`).
 //!
-//! Parameters SPDK has for features this target lacks (ANA, TLS secure channels, DH-HMAC-CHAP
+//! Parameters SPDK has for features this target lacks (TLS secure channels, DH-HMAC-CHAP
 //! keys, persistent reservations, namespace masking, NVMe passthrough, NSSR, DMRSL/WZSL limits,
 //! `admin_label` of the extended discovery log page, bdev metadata) are accepted only at their
 //! "off" value; anything else is `-EINVAL` naming the parameter.
@@ -11,6 +11,7 @@
 //! `numa_id` (used only by SPDK's vfio-user transport). Every parameter of SPDK's schema
 //! (`tests/data/spdk-schema.yaml`) for these methods decodes; `rpc::schema_tests` walks it.
 
+use nvmf_common::spec::log_page::AnaState;
 use nvmf_common::spec::nqn::DISCOVERY_NQN;
 use nvmf_rpc::RpcError;
 use serde::Deserialize;
@@ -159,11 +160,6 @@ pub fn nvmf_create_subsystem(c: &mut Control, params: Option<Value>) -> Result<V
     let p: CreateSubsystemParams = parse(params)?;
     check_tgt_name(p.tgt_name.as_deref())?;
     refuse_if(
-        p.ana_reporting,
-        "ana_reporting",
-        "ANA reporting is not supported",
-    )?;
-    refuse_if(
         p.passthrough,
         "passthrough",
         "NVMe passthrough is not supported",
@@ -216,7 +212,7 @@ pub fn nvmf_create_subsystem(c: &mut Control, params: Option<Value>) -> Result<V
         max_namespaces: p.max_namespaces,
         min_cntlid: p.min_cntlid.unwrap_or(defaults.min_cntlid),
         max_cntlid: p.max_cntlid.unwrap_or(defaults.max_cntlid),
-        ana_reporting: false,
+        ana_reporting: p.ana_reporting,
     };
     c.target.create_subsystem(&p.nqn, opts)?;
     Ok(true_())
@@ -284,6 +280,9 @@ fn dump_subsystem(s: &SubsystemState) -> Value {
                     }
                     if ns.uuid != [0; 16] {
                         n["uuid"] = json!(util::format_uuid(&ns.uuid));
+                    }
+                    if s.ana_reporting {
+                        n["anagrpid"] = json!(s.anagrpid(ns.nsid));
                     }
                     n
                 })
@@ -408,7 +407,12 @@ pub fn nvmf_subsystem_add_listener(
         "secure_channel",
         "TLS secure channels are not supported",
     )?;
-    refuse_if(p.ana_state.is_some(), "ana_state", "ANA is not supported")?;
+    let ana_state = p
+        .ana_state
+        .as_deref()
+        .map(|s| super::nvmf_ana::parse_state("ana_state", s))
+        .transpose()?
+        .unwrap_or(AnaState::OPTIMIZED);
     super::framework::debug_ignored(
         "nvmf_subsystem_add_listener",
         [
@@ -419,7 +423,7 @@ pub fn nvmf_subsystem_add_listener(
         .filter_map(|(name, given)| given.then_some(name)),
     );
     let addr = p.listen_address.to_address()?;
-    c.target.add_listener(&p.nqn, addr)?;
+    c.target.add_listener_with_ana(&p.nqn, addr, ana_state)?;
     Ok(true_())
 }
 
@@ -453,7 +457,13 @@ pub fn nvmf_subsystem_get_listeners(
     Ok(Value::Array(
         s.listeners
             .iter()
-            .map(|a| json!({"address": address_json(a)}))
+            .map(|a| {
+                let mut l = json!({"address": address_json(a)});
+                if s.ana_reporting {
+                    l["ana_states"] = super::nvmf_ana::listener_states_json(s, a);
+                }
+                l
+            })
             .collect(),
     ))
 }
@@ -503,11 +513,6 @@ pub fn nvmf_subsystem_add_ns(c: &mut Control, params: Option<Value>) -> Result<V
         "persistent reservations are not supported",
     )?;
     refuse_if(
-        ns.anagrpid != 0,
-        "namespace.anagrpid",
-        "ANA is not supported",
-    )?;
-    refuse_if(
         ns.hide_metadata,
         "namespace.hide_metadata",
         "bdev metadata is not supported",
@@ -539,6 +544,7 @@ pub fn nvmf_subsystem_add_ns(c: &mut Control, params: Option<Value>) -> Result<V
             uuid,
             eui64,
             no_auto_visible: ns.no_auto_visible,
+            anagrpid: Some(ns.anagrpid),
         },
     )?;
     Ok(json!(nsid))
@@ -761,7 +767,11 @@ pub fn config(c: &Control) -> Vec<Value> {
         }
         out.push(entry("nvmf_create_subsystem", create));
         for a in &s.listeners {
-            out.push(listener_entry(&s.nqn, a));
+            let mut l = listener_entry(&s.nqn, a);
+            if let Some(state) = super::nvmf_ana::listener_default_state(s, a) {
+                l["params"]["ana_state"] = json!(state);
+            }
+            out.push(l);
         }
         for h in &s.hosts {
             out.push(entry(
@@ -784,6 +794,9 @@ pub fn config(c: &Control) -> Vec<Value> {
             if ns.uuid != [0; 16] {
                 n["uuid"] = json!(util::format_uuid(&ns.uuid));
             }
+            if s.ana_reporting {
+                n["anagrpid"] = json!(s.anagrpid(ns.nsid));
+            }
             out.push(entry(
                 "nvmf_subsystem_add_ns",
                 json!({"nqn": s.nqn, "namespace": n}),
@@ -798,6 +811,8 @@ pub fn config(c: &Control) -> Vec<Value> {
                 ));
             }
         }
+        // Per-group ANA states, once the groups they name exist.
+        out.extend(super::nvmf_ana::listener_state_entries(s));
     }
     out
 }

@@ -424,7 +424,7 @@ fn referrals_round_trip_through_saved_config() {
 }
 
 /// SPDK's `dump_nvmf_subsystem_listener`: an `address` object and nothing else without ANA
-/// reporting (which this target refuses).
+/// reporting (with it, `ana_states` too: rpc/nvmf_ana_tests.rs).
 #[test]
 fn get_listeners_has_spdks_layout() {
     let mut c = setup();

@@ -373,28 +373,13 @@ fn refused_parameters_fail_with_einval_naming_them() {
         ),
         (
             "nvmf_create_subsystem",
-            json!({"nqn": "nqn.2016-06.io.spdk:c2", "ana_reporting": true}),
-            "ana_reporting",
-        ),
-        (
-            "nvmf_create_subsystem",
             json!({"nqn": "nqn.2016-06.io.spdk:c2", "passthrough": true}),
             "passthrough",
         ),
         (
             "nvmf_subsystem_add_listener",
-            json!({"nqn": NQN, "listen_address": listener, "ana_state": "optimized"}),
-            "ana_state",
-        ),
-        (
-            "nvmf_subsystem_add_listener",
             json!({"nqn": NQN, "listen_address": listener, "secure_channel": true}),
             "secure_channel",
-        ),
-        (
-            "nvmf_subsystem_add_ns",
-            json!({"nqn": NQN, "namespace": {"bdev_name": "Malloc0", "anagrpid": 2}}),
-            "anagrpid",
         ),
         (
             "nvmf_subsystem_add_ns",

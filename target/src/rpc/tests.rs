@@ -544,13 +544,6 @@ fn subsystems_create_get_delete_and_refusals() {
     refused(
         &mut c,
         "nvmf_create_subsystem",
-        json!({"nqn": NQN2, "ana_reporting": true}),
-        EINVAL,
-        "ana_reporting",
-    );
-    refused(
-        &mut c,
-        "nvmf_create_subsystem",
         json!({"nqn": NQN2, "passthrough": true}),
         EINVAL,
         "passthrough",
@@ -744,8 +737,8 @@ fn listeners_add_get_remove_and_refusals() {
     refused(
         &mut c,
         "nvmf_subsystem_add_listener",
-        json!({"nqn": NQN1, "listen_address": addr, "ana_state": "optimized"}),
-        EINVAL,
+        json!({"nqn": NQN1, "listen_address": addr, "ana_state": "degraded"}),
+        PARAMS,
         "ana_state",
     );
 

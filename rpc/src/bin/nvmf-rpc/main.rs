@@ -235,6 +235,18 @@ enum Cmd {
     NvmfSubsystemRemoveListener(Listener),
     #[command(name = "nvmf_subsystem_get_listeners")]
     NvmfSubsystemGetListeners(NqnArgs),
+    /// Set the ANA state of one group (-g) or of all groups through a listener.
+    #[command(name = "nvmf_subsystem_listener_set_ana_state")]
+    NvmfSubsystemListenerSetAnaState(SetAnaState),
+    /// Move a namespace to another ANA group.
+    #[command(name = "nvmf_subsystem_set_ns_ana_group")]
+    NvmfSubsystemSetNsAnaGroup {
+        nqn: String,
+        nsid: u32,
+        anagrpid: u32,
+        #[arg(short = 't', long = "tgt-name")]
+        tgt_name: Option<String>,
+    },
     #[command(name = "nvmf_subsystem_add_ns")]
     NvmfSubsystemAddNs(AddNs),
     #[command(name = "nvmf_subsystem_remove_ns")]
@@ -447,6 +459,17 @@ struct AddListener {
     ana_state: Option<String>,
     #[arg(short = 'S', long = "sock-impl")]
     sock_impl: Option<String>,
+}
+
+#[derive(Args)]
+struct SetAnaState {
+    #[command(flatten)]
+    listener: Listener,
+    /// optimized, non_optimized, inaccessible (SPDK's choices), persistent_loss, change.
+    #[arg(short = 'n', long = "ana-state", required = true)]
+    ana_state: String,
+    #[arg(short = 'g', long = "anagrpid")]
+    anagrpid: Option<u32>,
 }
 
 #[derive(Args)]
@@ -753,6 +776,23 @@ fn request(cmd: Cmd) -> Result<Request, String> {
             p.insert("listen_address".into(), listen_address(&l));
             ("nvmf_subsystem_remove_listener", some(p))
         }
+        NvmfSubsystemListenerSetAnaState(a) => {
+            let mut p = params! {"nqn" => a.listener.nqn.clone(), "tgt_name" => a.listener.tgt_name.clone(),
+            "ana_state" => Some(a.ana_state), "anagrpid" => a.anagrpid};
+            p.insert("listen_address".into(), listen_address(&a.listener));
+            ("nvmf_subsystem_listener_set_ana_state", some(p))
+        }
+        NvmfSubsystemSetNsAnaGroup {
+            nqn,
+            nsid,
+            anagrpid,
+            tgt_name,
+        } => (
+            "nvmf_subsystem_set_ns_ana_group",
+            some(
+                params! {"nqn" => nqn, "nsid" => nsid, "anagrpid" => anagrpid, "tgt_name" => tgt_name},
+            ),
+        ),
         NvmfSubsystemGetListeners(a) => (
             "nvmf_subsystem_get_listeners",
             some(params! {"nqn" => a.nqn, "tgt_name" => a.tgt_name}),
