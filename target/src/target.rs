@@ -10,6 +10,7 @@ use nvmf_common::spec::nqn::{validate_nqn, DISCOVERY_NQN};
 
 use crate::bdev::{BdevError, BdevRegistry};
 use crate::core::ana::{AnaConfig, ListenerAna};
+use crate::core::reservation::{NsReservation, PtplError};
 use crate::core::subsystem::{
     ListenAddress, Namespace, NsStats, Referral, SubsystemConfig, SubsystemId, SubsystemKind,
     SubsystemShared,
@@ -55,6 +56,8 @@ pub enum TargetError {
     Listen { addr: String, reason: String },
     #[error(transparent)]
     Bdev(#[from] BdevError),
+    #[error(transparent)]
+    Ptpl(#[from] PtplError),
 }
 
 impl TargetError {
@@ -126,6 +129,9 @@ pub struct NamespaceOptions {
     pub no_auto_visible: bool,
     /// ANA group; the NSID when absent or 0, as in SPDK.
     pub anagrpid: Option<u32>,
+    /// SPDK's `ptpl_file`: where the namespace's reservations persist through power loss
+    /// (read here when it exists, written whenever PTPL is on and they change).
+    pub ptpl_file: Option<std::path::PathBuf>,
 }
 
 pub struct Target {
@@ -302,6 +308,13 @@ impl Target {
         let user = format!("{nqn} nsid {nsid}");
         let bdev = self.bdevs.claim(&opts.bdev_name, &user)?;
         let uuid = opts.uuid.unwrap_or_else(|| bdev.uuid());
+        let resv = match NsReservation::new(bdev.uuid(), opts.ptpl_file) {
+            Ok(r) => r,
+            Err(e) => {
+                self.bdevs.release(bdev.name());
+                return Err(e.into());
+            }
+        };
         let ns = Arc::new(Namespace {
             nsid,
             nguid: opts.nguid.unwrap_or(uuid),
@@ -310,6 +323,7 @@ impl Target {
             auto_visible: !opts.no_auto_visible,
             bdev,
             stats: NsStats::default(),
+            resv,
         });
         let sub = self.subsystem_mut(nqn)?;
         sub.namespaces.insert(nsid, ns);

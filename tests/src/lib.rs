@@ -190,8 +190,23 @@ pub fn connect_capsule(
     subnqn: &str,
     hostnqn: &str,
 ) -> Capsule {
+    connect_capsule_as(cid, qid, sqsize, kato, cntlid, subnqn, hostnqn, HOSTID)
+}
+
+/// [`connect_capsule`] with another Host Identifier (reservations tell hosts apart by it).
+#[allow(clippy::too_many_arguments)]
+pub fn connect_capsule_as(
+    cid: u16,
+    qid: u16,
+    sqsize: u16,
+    kato: u32,
+    cntlid: u16,
+    subnqn: &str,
+    hostnqn: &str,
+    hostid: [u8; 16],
+) -> Capsule {
     let cmd = ConnectCommand::new(cid, qid, sqsize, kato).to_command();
-    let data = ConnectData::new(HOSTID, cntlid, subnqn, hostnqn);
+    let data = ConnectData::new(hostid, cntlid, subnqn, hostnqn);
     with_buffer(cmd, data.as_bytes().to_vec())
 }
 
@@ -234,7 +249,7 @@ pub fn expect_ok(r: &Response) -> &Completion {
 /// nvmf_connect_admin_queue, nvme_enable_ctrl, nvme_init_ctrl_finish, nvme_set_queue_count,
 /// nvmf_connect_io_queue per queue, nvme_enable_aen).
 pub fn linux_bring_up(lab: &mut LoopbackLab, subnqn: &str, io_queues: u16) -> HostController {
-    bring_up(lab, subnqn, io_queues, None, HOSTNQN)
+    bring_up(lab, subnqn, io_queues, None, HOSTNQN, HOSTID)
 }
 
 /// [`linux_bring_up`] by the host `hostnqn` (per-host behaviour: namespace masking).
@@ -244,7 +259,18 @@ pub fn linux_bring_up_as(
     io_queues: u16,
     hostnqn: &str,
 ) -> HostController {
-    bring_up(lab, subnqn, io_queues, None, hostnqn)
+    bring_up(lab, subnqn, io_queues, None, hostnqn, HOSTID)
+}
+
+/// [`linux_bring_up`] by the host `hostnqn` with Host Identifier `hostid` (reservations).
+pub fn linux_bring_up_with_hostid(
+    lab: &mut LoopbackLab,
+    subnqn: &str,
+    io_queues: u16,
+    hostnqn: &str,
+    hostid: [u8; 16],
+) -> HostController {
+    bring_up(lab, subnqn, io_queues, None, hostnqn, hostid)
 }
 
 /// [`linux_bring_up`] with every queue coming through the listener at `addr`.
@@ -254,7 +280,7 @@ pub fn linux_bring_up_via(
     io_queues: u16,
     addr: &ListenAddress,
 ) -> HostController {
-    bring_up(lab, subnqn, io_queues, Some(addr), HOSTNQN)
+    bring_up(lab, subnqn, io_queues, Some(addr), HOSTNQN, HOSTID)
 }
 
 fn bring_up(
@@ -263,11 +289,12 @@ fn bring_up(
     io_queues: u16,
     listener: Option<&ListenAddress>,
     hostnqn: &str,
+    hostid: [u8; 16],
 ) -> HostController {
     let admin = lab.open_queue_on(listener);
     let r = lab.run(
         &admin,
-        connect_capsule(
+        connect_capsule_as(
             1,
             0,
             LINUX_ADMIN_SQSIZE,
@@ -275,6 +302,7 @@ fn bring_up(
             CNTLID_DYNAMIC,
             subnqn,
             hostnqn,
+            hostid,
         ),
     );
     let cntlid = expect_ok(&r).dw0.get() as u16;
@@ -350,7 +378,7 @@ fn bring_up(
             let q = lab.open_queue_on(listener);
             let r = lab.run(
                 &q,
-                connect_capsule(1, qid, sqsize, 0, cntlid, subnqn, hostnqn),
+                connect_capsule_as(1, qid, sqsize, 0, cntlid, subnqn, hostnqn, hostid),
             );
             expect_ok(&r);
             ctrl.io.push(q);

@@ -63,6 +63,7 @@ pub mod log_page;
 pub mod nqn;
 pub mod rdma_cm;
 pub mod registers;
+pub mod reservation;
 pub mod sgl;
 pub mod status;
 

@@ -10,9 +10,13 @@ use nvmf_common::spec::identify::*;
 use nvmf_common::spec::log_page::{
     set_u128, AnaState, ErrorLogEntry, FirmwareSlotLog, LogPageId, SmartHealthLog, ANA_LSP_RGO,
 };
+use nvmf_common::spec::reservation::{
+    AEN_RESERVATION_LOG_PAGE_AVAILABLE, RESCAP_ALL_TYPES, RESCAP_PTPL,
+};
 use nvmf_common::spec::{AdminOpcode, Status};
 use zerocopy::{FromZeros, IntoBytes};
 
+use crate::cmd::reservation;
 use crate::cmd::{data_phase, discovery, fabrics::NVME_VERSION};
 use crate::core::ana;
 use crate::core::controller::{ControllerLocal, AER_LIMIT, ERROR_LOG_ENTRIES};
@@ -154,6 +158,14 @@ fn identify(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
                 data.nlbaf = 0;
                 data.flbas = 0;
                 data.nmic = NMIC_SHARED;
+                // Every reservation type and IEKEY; PTPL only with a ptpl_file (SPDK's
+                // `nvmf_ns_get_rescap`).
+                data.rescap = RESCAP_ALL_TYPES
+                    | if ns.resv.ptpl_capable() {
+                        RESCAP_PTPL
+                    } else {
+                        0
+                    };
                 data.dlfeat = DLFEAT_READS_ZEROES | DLFEAT_WRITE_ZEROES_DEALLOCATE;
                 data.nsattr = u8::from(ns.bdev.read_only());
                 data.nguid = ns.nguid;
@@ -250,7 +262,8 @@ fn identify_controller(
     id.sqes = SQES_64;
     id.cqes = CQES_16;
     id.nn.set(sub.max_nsid());
-    id.oncs.set(ONCS_COMPARE | ONCS_DSM | ONCS_WRITE_ZEROES);
+    id.oncs
+        .set(ONCS_COMPARE | ONCS_DSM | ONCS_WRITE_ZEROES | ONCS_RESERVATIONS);
     let write_cache = sub.namespaces.values().any(|ns| ns.bdev.has_write_cache());
     // Flush with NSID FFFFFFFFh is not supported (VWC bits 2:1 = 10b).
     id.vwc = 0b100 | if write_cache { VWC_PRESENT } else { 0 };
@@ -351,6 +364,21 @@ fn get_log_page(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
             }
             page
         }
+        LogPageId::RESERVATION_NOTIFICATION if !discovery => {
+            // One page per read, the oldest; reading removes it (NVMe 2.0 base, 5.16.1.25).
+            let ctrl = q.ctrl.as_ref().expect("connected");
+            let page = ctrl
+                .resv_log
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if !glp.rae {
+                if let Some(local) = core.controllers.get_mut(&key) {
+                    local.resv_aen_masked = false;
+                }
+            }
+            page.as_bytes().to_vec()
+        }
         _ => return req.fail(Status::INVALID_LOG_PAGE.with_dnr()),
     };
     if glp.offset > page.len() as u64 {
@@ -399,6 +427,16 @@ fn smart_log(core: &CoreCtx, q: &QueueState) -> SmartHealthLog {
 fn get_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
     let gf = GetFeatures::parse(&req.cmd);
     let ctrl = q.ctrl.as_ref().expect("connected").clone();
+    if is_reservation_feature(gf.fid) && ctrl.kind != SubsystemKind::Discovery {
+        let nsid = req.cmd.nsid.get();
+        return match reservation::get_feature(core, q, gf.fid, gf.sel, nsid) {
+            Ok(dw0) => {
+                req.complete_with(Status::SUCCESS, dw0);
+                Exec::Complete
+            }
+            Err(status) => req.fail(status),
+        };
+    }
     let Some(local) = core.controllers.get(&key_of(q)) else {
         return req.fail(Status::INTERNAL_ERROR.with_dnr());
     };
@@ -482,6 +520,12 @@ fn set_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
     let ctrl = q.ctrl.as_ref().expect("connected").clone();
     if sf.save {
         return req.fail(Status::FEATURE_ID_NOT_SAVEABLE.with_dnr());
+    }
+    if is_reservation_feature(sf.fid) && ctrl.kind != SubsystemKind::Discovery {
+        let status = reservation::set_feature(core, q, sf, req.cmd.nsid.get())
+            .err()
+            .unwrap_or(Status::SUCCESS);
+        return req.fail(status);
     }
     let discovery = ctrl.kind == SubsystemKind::Discovery;
     let key = key_of(q);
@@ -617,6 +661,30 @@ pub(crate) fn raise_ana_notice(core: &mut CoreCtx, key: Key) {
         AsyncEventType::NOTICE,
         AsyncNotice::ANA_CHANGE.0,
         LogPageId::ASYMMETRIC_NAMESPACE_ACCESS,
+    ));
+    deliver_events(core, key);
+}
+
+fn is_reservation_feature(fid: FeatureId) -> bool {
+    fid == FeatureId::RESERVATION_NOTIFICATION_MASK || fid == FeatureId::RESERVATION_PERSISTENCE
+}
+
+/// Queues a Reservation Log Page Available event (I/O command set specific, NVMe 2.0 base
+/// Figure 150) for a controller whose Reservation Notification log got a notice, unless one is
+/// outstanding and the log not read since. No Asynchronous Event Configuration bit governs
+/// it: the Reservation Notification Mask feature does (SPDK and nvmet alike).
+pub(crate) fn raise_reservation_notice(core: &mut CoreCtx, key: Key) {
+    let Some(local) = core.controllers.get_mut(&key) else {
+        return;
+    };
+    if local.resv_aen_masked {
+        return;
+    }
+    local.resv_aen_masked = true;
+    local.pending_events.push_back(async_event_dw0(
+        AsyncEventType::IO_COMMAND_SET,
+        AEN_RESERVATION_LOG_PAGE_AVAILABLE,
+        LogPageId::RESERVATION_NOTIFICATION,
     ));
     deliver_events(core, key);
 }

@@ -8,7 +8,7 @@ use nvmf_common::spec::{IoOpcode, Status};
 use zerocopy::FromBytes;
 
 use crate::bdev::{BdevCompletion, BdevIo, IoKind};
-use crate::cmd::data_phase;
+use crate::cmd::{data_phase, reservation};
 use crate::core::ana;
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, Request};
@@ -106,6 +106,7 @@ pub fn prepare(
                 dsm.nr * DSM_RANGE_LEN,
             )
         }
+        op if reservation::is_reservation_command(op) => reservation::prepare(q, req),
         _ => Err(Status::INVALID_OPCODE.with_dnr()),
     }
 }
@@ -135,6 +136,17 @@ pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exe
     let Some(ns) = core.visible_namespace(sid, nsid, hostnqn) else {
         return req.fail(Status::INVALID_NAMESPACE.with_dnr());
     };
+    // Reservations are checked here, where the command is handed to the bdev, so a
+    // reservation change that completed before this point always applies. One lock-free load.
+    let opcode = IoOpcode(req.cmd.opcode);
+    if let Some(access) = reservation::access_of(opcode) {
+        let host = &q.ctrl.as_ref().expect("I/O queues are connected").hostid;
+        if let Err(status) = ns.resv.check(host, access) {
+            return req.fail(status);
+        }
+    } else if reservation::is_reservation_command(opcode) {
+        return reservation::execute(core, q, req);
+    }
     let io = |kind, offset_blocks, num_blocks, buf, fua| BdevIo {
         tag: req.tag.0,
         kind,

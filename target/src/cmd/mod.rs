@@ -12,6 +12,7 @@ pub mod admin;
 pub mod discovery;
 pub mod fabrics;
 pub mod io;
+pub mod reservation;
 
 /// PSDT: data pointer is an SGL (01b, or 10b with a metadata SGL). Fabrics commands must use
 /// SGLs; a PRP command is malformed on a fabric.

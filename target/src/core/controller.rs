@@ -12,8 +12,10 @@ use std::sync::{Arc, Mutex};
 
 use nvmf_common::spec::log_page::ErrorLogEntry;
 use nvmf_common::spec::registers::{Cc, Csts};
+use nvmf_common::spec::reservation::NotificationType;
 
 use crate::core::request::ReqTag;
+use crate::core::reservation::NoticeLog;
 use crate::core::subsystem::{ListenAddress, SubsystemId, SubsystemKind};
 
 /// Asynchronous Event Request Limit (AERL, zero-based): four outstanding AERs, as Linux sends.
@@ -44,6 +46,11 @@ pub struct ControllerShared {
     /// Volatile Write Cache feature: when the host disables it, writes become FUA.
     write_cache_enabled: AtomicBool,
     connected_qids: Mutex<BTreeSet<u16>>,
+    /// Reservation Notification log and masks: written by the reactor that runs a
+    /// reservation command of another host, read by Get Log Page / Get Features.
+    pub resv_log: Mutex<NoticeLog>,
+    /// A notice was posted since the admin reactor last looked (it raises the AEN).
+    resv_event: AtomicBool,
 }
 
 impl ControllerShared {
@@ -78,7 +85,26 @@ impl ControllerShared {
             failed: AtomicBool::new(false),
             write_cache_enabled: AtomicBool::new(true),
             connected_qids: Mutex::new(BTreeSet::from([0])),
+            resv_log: Mutex::new(NoticeLog::default()),
+            resv_event: AtomicBool::new(false),
         }
+    }
+
+    /// Queues a reservation notice for namespace `nsid` unless the host masked its type.
+    pub fn post_reservation_notice(&self, nsid: u32, kind: NotificationType) {
+        let posted = self
+            .resv_log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .post(nsid, kind);
+        if posted {
+            self.resv_event.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether a notice was posted since the last call.
+    pub fn take_reservation_event(&self) -> bool {
+        self.resv_event.load(Ordering::Relaxed) && self.resv_event.swap(false, Ordering::Acquire)
     }
 
     pub fn cc(&self) -> Cc {
@@ -198,6 +224,9 @@ pub struct ControllerLocal {
     /// An ANA Change notice was sent and the ANA log not read yet (without RAE): no further
     /// one until it is.
     pub ana_change_masked: bool,
+    /// A Reservation Log Page Available event was sent and the log not read since (with RAE
+    /// clear): no further one until it is.
+    pub resv_aen_masked: bool,
     pub error_log: VecDeque<ErrorLogEntry>,
     pub error_count: u64,
 }
@@ -215,6 +244,7 @@ impl ControllerLocal {
             changed_ns_overflow: false,
             ana_change_count: 0,
             ana_change_masked: false,
+            resv_aen_masked: false,
             error_log: VecDeque::with_capacity(ERROR_LOG_ENTRIES),
             error_count: 0,
         }

@@ -29,6 +29,7 @@ pub mod latency;
 pub mod poll_group;
 pub mod queue;
 pub mod request;
+pub mod reservation;
 pub mod status;
 pub mod subsystem;
 
@@ -496,7 +497,23 @@ impl CoreCtx {
             return work;
         }
         self.next_tick_ms = self.now_ms + TICK_MS;
-        work + self.check_keep_alive()
+        work + self.check_keep_alive() + self.raise_reservation_notices()
+    }
+
+    /// Controllers whose Reservation Notification log got a notice (posted by whichever
+    /// reactor ran the reservation command) get their Asynchronous Event here, on the reactor
+    /// that owns their admin queue.
+    fn raise_reservation_notices(&mut self) -> usize {
+        let keys: Vec<_> = self
+            .controllers
+            .iter()
+            .filter(|(_, c)| c.shared.take_reservation_event())
+            .map(|(k, _)| *k)
+            .collect();
+        for &key in &keys {
+            cmd::admin::raise_reservation_notice(self, key);
+        }
+        keys.len()
     }
 
     /// True on the turn of a timer tick: per-connection housekeeping (keep-alive expiry,

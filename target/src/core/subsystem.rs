@@ -15,6 +15,7 @@ use nvmf_common::spec::nqn::DISCOVERY_NQN;
 use crate::bdev::BdevRef;
 use crate::core::ana::AnaConfig;
 use crate::core::controller::ControllerShared;
+use crate::core::reservation::NsReservation;
 
 /// NN reported by subsystems created without a namespace limit.
 pub const DEFAULT_NN: u32 = 32;
@@ -79,6 +80,8 @@ pub struct Namespace {
     /// the subsystem's [`SubsystemConfig::ns_hosts`] for this NSID see it.
     pub auto_visible: bool,
     pub stats: NsStats,
+    /// Registrants and reservation, shared by every reactor (see [`crate::core::reservation`]).
+    pub resv: NsReservation,
 }
 
 /// Per-namespace I/O counters, summed over all reactors (relaxed atomics: each reactor only

@@ -2,7 +2,7 @@
 //! (`spdk_nvmf_tgt_write_config_json`).
 //!
 //! Parameters SPDK has for features this target lacks (TLS secure channels, DH-HMAC-CHAP
-//! keys, persistent reservations, namespace masking, NVMe passthrough, NSSR, DMRSL/WZSL limits,
+//! keys, namespace masking, NVMe passthrough, NSSR, DMRSL/WZSL limits,
 //! `admin_label` of the extended discovery log page, bdev metadata) are accepted only at their
 //! "off" value; anything else is `-EINVAL` naming the parameter.
 //!
@@ -508,9 +508,9 @@ pub fn nvmf_subsystem_add_ns(c: &mut Control, params: Option<Value>) -> Result<V
     check_tgt_name(p.tgt_name.as_deref())?;
     let ns = p.namespace;
     refuse_if(
-        ns.ptpl_file.is_some(),
+        ns.ptpl_file.as_deref() == Some(""),
         "namespace.ptpl_file",
-        "persistent reservations are not supported",
+        "an empty path",
     )?;
     refuse_if(
         ns.hide_metadata,
@@ -545,6 +545,7 @@ pub fn nvmf_subsystem_add_ns(c: &mut Control, params: Option<Value>) -> Result<V
             eui64,
             no_auto_visible: ns.no_auto_visible,
             anagrpid: Some(ns.anagrpid),
+            ptpl_file: ns.ptpl_file.map(std::path::PathBuf::from),
         },
     )?;
     Ok(json!(nsid))
@@ -796,6 +797,9 @@ pub fn config(c: &Control) -> Vec<Value> {
             }
             if s.ana_reporting {
                 n["anagrpid"] = json!(s.anagrpid(ns.nsid));
+            }
+            if let Some(path) = ns.resv.ptpl_file() {
+                n["ptpl_file"] = json!(path.to_string_lossy());
             }
             out.push(entry(
                 "nvmf_subsystem_add_ns",

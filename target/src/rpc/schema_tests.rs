@@ -383,11 +383,6 @@ fn refused_parameters_fail_with_einval_naming_them() {
         ),
         (
             "nvmf_subsystem_add_ns",
-            json!({"nqn": NQN, "namespace": {"bdev_name": "Malloc0", "ptpl_file": "/tmp/p"}}),
-            "ptpl_file",
-        ),
-        (
-            "nvmf_subsystem_add_ns",
             json!({"nqn": NQN, "namespace": {"bdev_name": "Malloc0", "hide_metadata": true}}),
             "hide_metadata",
         ),
