@@ -164,6 +164,60 @@ impl BufferPool {
     }
 }
 
+/// SPDK's iobuf `small_bufsize` default: commands up to this size (Identify, Connect data,
+/// small I/O, in-capsule data) take a small buffer and never compete with large transfers.
+pub const SMALL_BUFSIZE: usize = 8192;
+
+/// Which of [`SizedPools`]' pools a transfer uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufClass {
+    Small,
+    Large,
+}
+
+/// Data buffers in two size classes, as SPDK's iobuf: transfers up to the small pool's buffer
+/// size take a small buffer, longer ones a large one, so many small commands cannot exhaust
+/// the large pool (nor large ones the small pool). Cloning shares the pools.
+#[derive(Debug, Clone)]
+pub struct SizedPools {
+    pub small: BufferPool,
+    pub large: BufferPool,
+}
+
+impl SizedPools {
+    pub fn new(
+        small_size: usize,
+        small_count: u32,
+        large_size: usize,
+        large_count: u32,
+    ) -> Result<Self, BufferPoolError> {
+        Ok(Self {
+            small: BufferPool::new(small_size, small_count)?,
+            large: BufferPool::new(large_size.max(small_size), large_count)?,
+        })
+    }
+
+    pub fn class_of(&self, len: usize) -> BufClass {
+        if len <= self.small.buf_size() {
+            BufClass::Small
+        } else {
+            BufClass::Large
+        }
+    }
+
+    pub fn pool(&self, class: BufClass) -> &BufferPool {
+        match class {
+            BufClass::Small => &self.small,
+            BufClass::Large => &self.large,
+        }
+    }
+
+    /// A buffer of `class`, or `None` when that pool is empty (queue and retry).
+    pub fn get(&self, class: BufClass) -> Option<IoBuf> {
+        self.pool(class).get()
+    }
+}
+
 fn map_region(bytes: usize) -> Result<(MmapMut, bool), BufferPoolError> {
     let huge_len = bytes.next_multiple_of(1 << HUGE_PAGE_SHIFT);
     if let Ok(map) = MmapOptions::new()
@@ -321,6 +375,18 @@ mod tests {
         pool.set_registration(7, 9, Box::new(())).unwrap();
         assert!(pool.set_registration(1, 1, Box::new(())).is_err());
         assert_eq!((b.lkey(), b.rkey()), (7, 9));
+    }
+
+    #[test]
+    fn sized_pools_pick_the_class_by_length() {
+        let pools = SizedPools::new(SMALL_BUFSIZE, 2, 131_072, 1).unwrap();
+        assert_eq!(pools.class_of(1024), BufClass::Small);
+        assert_eq!(pools.class_of(SMALL_BUFSIZE), BufClass::Small);
+        assert_eq!(pools.class_of(SMALL_BUFSIZE + 1), BufClass::Large);
+        let _a = pools.get(BufClass::Small).unwrap();
+        let _b = pools.get(BufClass::Small).unwrap();
+        assert!(pools.get(BufClass::Small).is_none());
+        assert_eq!(pools.get(BufClass::Large).unwrap().capacity(), 131_072);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use nvmf_target::core::subsystem::ListenAddress;
 use nvmf_target::core::{PollGroup, TargetInfo};
 use nvmf_target::target::{NamespaceOptions, SubsystemOptions, Target};
 pub use nvmf_target::transport::loopback::{
-    Capsule, LoopbackHostQueue, LoopbackTransport, Response, LOOPBACK_LIMITS,
+    Capsule, LoopbackHostQueue, LoopbackPools, LoopbackTransport, Response, LOOPBACK_LIMITS,
 };
 use nvmf_target::transport::TransportLimits;
 use zerocopy::{FromBytes, IntoBytes};
@@ -47,9 +47,13 @@ impl Default for LoopbackLab {
 
 impl LoopbackLab {
     pub fn new(limits: TransportLimits) -> Self {
+        Self::with_transport(LoopbackTransport::new(limits))
+    }
+
+    /// A lab whose loopback transport is set up by the test (buffer pool sizes).
+    pub fn with_transport(transport: LoopbackTransport) -> Self {
         let info = Arc::new(TargetInfo::default());
         let mut target = Target::new(Arc::clone(&info));
-        let transport = LoopbackTransport::new(limits);
         let pg = PollGroup::new(0, info);
         target.add_poll_group(pg.handle());
         target

@@ -225,8 +225,9 @@ fn bad_connects_name_the_offending_field() {
     assert_invalid_param(&cqe, false, off::SQE_SQSIZE);
     let cqe = connect_fails(&mut lab, connect_capsule(1, 0, 31, 0, 3, NQN, HOSTNQN));
     assert_invalid_param(&cqe, true, off::DATA_CNTLID);
-    // I/O queues: unknown cntlid, qid beyond what Set Features granted, sqsize 0 or above
-    // MQES, a duplicate qid, another host's controller.
+    // I/O queues: unknown cntlid, qid beyond what Set Features granted (Invalid Queue
+    // Identifier, as SPDK and nvmet), sqsize 0 or above MQES, a duplicate qid, another
+    // host's controller.
     let cntlid = ctrl.cntlid;
     let cqe = connect_fails(
         &mut lab,
@@ -234,7 +235,11 @@ fn bad_connects_name_the_offending_field() {
     );
     assert_invalid_param(&cqe, true, off::DATA_CNTLID);
     let cqe = connect_fails(&mut lab, connect_capsule(1, 2, 31, 0, cntlid, NQN, HOSTNQN));
-    assert_invalid_param(&cqe, false, off::SQE_QID);
+    assert_status(&cqe, Status::INVALID_QUEUE_IDENTIFIER.with_dnr());
+    assert_eq!(
+        parse_connect_invalid_param_dw0(cqe.dw0.get()),
+        (false, off::SQE_QID)
+    );
     let cqe = connect_fails(&mut lab, connect_capsule(1, 1, 0, 0, cntlid, NQN, HOSTNQN));
     assert_invalid_param(&cqe, false, off::SQE_SQSIZE);
     let cqe = connect_fails(

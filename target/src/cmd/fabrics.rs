@@ -138,6 +138,9 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
             (SubsystemKind::Discovery, 0) => DISCOVERY_DEFAULT_KATO_MS,
             (_, kato) => kato,
         };
+        if !admit(core, data.hostnqn()) {
+            return req.fail(Status::CONTROLLER_BUSY);
+        }
         let now = core.now_ms();
         let group = core.group;
         let Some(ctrl) =
@@ -159,6 +162,9 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
                     ))
                 })
         else {
+            // Every cntlid of the subsystem's range is taken (nvmet answers Controller Busy
+            // too; SPDK Internal Device Error).
+            core.info.qpair_limits.release(data.hostnqn());
             return req.fail(Status::CONTROLLER_BUSY);
         };
         core.controllers.insert(
@@ -169,6 +175,7 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
             kato_ms = kato, peer = %q.peer, "controller created");
         q.qid = 0;
         q.depth = sqsize + 1;
+        q.admitted = true;
         q.subsystem = Some(config.id);
         req.complete_with(Status::SUCCESS, connect_success_dw0(ctrl.cntlid, 0));
         q.ctrl = Some(ctrl);
@@ -192,21 +199,46 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
         return req.fail(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
     }
     if qid > ctrl.max_io_qid.load(std::sync::atomic::Ordering::Relaxed) {
-        return invalid_param(req, false, off::SQE_QID);
+        // Beyond max_io_qpairs_per_ctrlr (or what Set Features Number of Queues granted):
+        // Invalid Queue Identifier, as SPDK and nvmet answer, pointing at the SQE's QID.
+        req.complete_with(
+            Status::INVALID_QUEUE_IDENTIFIER.with_dnr(),
+            connect_invalid_param_dw0(false, off::SQE_QID),
+        );
+        return Exec::Complete;
     }
     if sqsize == 0 || u32::from(sqsize) + 1 > u32::from(q.limits.max_queue_depth) {
         return invalid_param(req, false, off::SQE_SQSIZE);
     }
+    if !admit(core, data.hostnqn()) {
+        return req.fail(Status::CONTROLLER_BUSY);
+    }
     if !ctrl.claim_qid(qid) {
+        core.info.qpair_limits.release(data.hostnqn());
         return invalid_param(req, false, off::SQE_QID);
     }
     q.qid = qid;
     q.depth = sqsize + 1;
+    q.admitted = true;
     q.subsystem = Some(config.id);
     req.complete_with(Status::SUCCESS, connect_success_dw0(ctrl.cntlid, 0));
     q.ctrl = Some(ctrl);
     core.stats.queue_connected(false);
     Exec::Complete
+}
+
+/// Counts one more queue pair of `hostnqn` against the target's limits (`max_qpairs_per_host`,
+/// `max_qpairs`). Refused, the Connect fails with Controller Busy and no DNR: the host may
+/// retry once some of its (or others') queues are gone. Only the Connect data's buffer has
+/// been taken by then.
+fn admit(core: &CoreCtx, hostnqn: &str) -> bool {
+    match core.info.qpair_limits.admit(hostnqn) {
+        Ok(()) => true,
+        Err(limit) => {
+            tracing::warn!(hostnqn, ?limit, "connect refused: queue pair limit reached");
+            false
+        }
+    }
 }
 
 /// CAP as this controller reports it for queues of `q`'s transport.

@@ -26,6 +26,7 @@ use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId, 
 pub mod ana;
 pub mod controller;
 pub mod latency;
+pub mod limits;
 pub mod poll_group;
 pub mod queue;
 pub mod request;
@@ -36,6 +37,11 @@ pub mod subsystem;
 /// Default of [`CoreCtx::connect_timeout_ms`]: hosts send Connect right after the transport
 /// connection is up (Linux within milliseconds); ten seconds is generous even under emulation.
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
+
+/// Default of [`CoreCtx::transfer_timeout_ms`]: Linux's I/O timeout (`nvme_core.io_timeout`,
+/// 30 s). A response or data transfer the host has not taken by then belongs to a command the
+/// host has given up on; holding its buffer longer only starves other hosts.
+pub const TRANSFER_TIMEOUT_MS: u64 = 30_000;
 
 /// Period of the housekeeping tick ([`CoreCtx::is_tick`]): far below any timeout it serves
 /// (keep-alive granularity is 100 ms, the connect timeout seconds).
@@ -57,6 +63,8 @@ pub struct TargetInfo {
     /// Discovery Log generation counter: bumped on every change a discovery host could see.
     pub discovery_genctr: AtomicU64,
     pub firmware_revision: String,
+    /// Queue pairs per host and in all (checked at Connect).
+    pub qpair_limits: limits::QpairLimits,
 }
 
 impl Default for TargetInfo {
@@ -64,6 +72,7 @@ impl Default for TargetInfo {
         Self {
             discovery_genctr: AtomicU64::new(0),
             firmware_revision: env!("CARGO_PKG_VERSION").to_string(),
+            qpair_limits: limits::QpairLimits::default(),
         }
     }
 }
@@ -106,6 +115,9 @@ pub struct CoreCtx {
     /// A queue with no controller this long after the core first saw it is disconnected: a
     /// connection that never sends Connect (or only failed ones) holds no resources for good.
     pub connect_timeout_ms: u64,
+    /// A queue whose host has not taken a response (or a data transfer) this long is
+    /// disconnected, which frees the buffers its requests hold (transports check it).
+    pub transfer_timeout_ms: u64,
     /// Whether this turn is a timer tick (see [`TICK_MS`]), and when the next one is due.
     tick: bool,
     next_tick_ms: u64,
@@ -128,6 +140,7 @@ impl CoreCtx {
             clock: Instant::now(),
             now_ms: 0,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
+            transfer_timeout_ms: TRANSFER_TIMEOUT_MS,
             tick: true,
             next_tick_ms: 0,
             stats: GroupStats::default(),
@@ -445,6 +458,9 @@ impl CoreCtx {
     /// id; when it was an admin queue, the controller goes with it.
     pub fn queue_closed(&mut self, q: &mut QueueState) {
         let Some(ctrl) = q.ctrl.take() else { return };
+        if std::mem::take(&mut q.admitted) {
+            self.info.qpair_limits.release(&ctrl.hostnqn);
+        }
         if q.is_admin() {
             self.stats.current_admin_qpairs = self.stats.current_admin_qpairs.saturating_sub(1);
             ctrl.fail();

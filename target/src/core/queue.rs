@@ -23,6 +23,8 @@ pub struct QueueState {
     /// The listen address the connection came through, when the transport knows it.
     pub listener: Option<ListenAddress>,
     sq_head: u16,
+    /// Counted in the target's queue pair limits (released when the queue closes).
+    pub(crate) admitted: bool,
     /// When the core first saw this queue without a controller (before Connect).
     pub(crate) unconnected_since_ms: Option<u64>,
 }
@@ -44,6 +46,7 @@ impl QueueState {
             peer,
             listener,
             sq_head: 0,
+            admitted: false,
             unconnected_since_ms: None,
         }
     }

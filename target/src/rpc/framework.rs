@@ -24,6 +24,8 @@
 //!   false (nothing is passed through), `dup_host_policy` `allow` (a host may connect through
 //!   any listener, as here), DH-HMAC-CHAP digest/group lists (they only restrict
 //!   authentication, and no host can be given a key here); a `poll_groups_mask` is refused.
+//!   Our extensions `max_qpairs_per_host` and `max_qpairs` set the target's queue pair limits
+//!   (`core::limits`), enforced at Connect.
 //! - `nvmf_set_crdt`: all zero (Identify reports no command retry delay).
 //! - `framework_set_scheduler`: `static` only (reactors are never rebalanced here). The dynamic
 //!   scheduler's thresholds (`load_limit`, `core_limit`, `core_busy`) and `period` tune a
@@ -421,10 +423,25 @@ pub struct NvmfSetConfigParams {
     pub dhchap_digests: Option<Vec<String>>,
     #[serde(default)]
     pub dhchap_dhgroups: Option<Vec<String>>,
+    /// Our extension (SPDK has no per-host cap): queue pairs one host NQN may have connected
+    /// across all subsystems and controllers.
+    #[serde(default)]
+    pub max_qpairs_per_host: Option<u32>,
+    /// Our extension: queue pairs connected to the whole target.
+    #[serde(default)]
+    pub max_qpairs: Option<u32>,
 }
 
-pub fn nvmf_set_config(_: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+pub fn nvmf_set_config(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
     let p: NvmfSetConfigParams = parse(params)?;
+    for (name, value) in [
+        ("max_qpairs_per_host", p.max_qpairs_per_host),
+        ("max_qpairs", p.max_qpairs),
+    ] {
+        if value == Some(0) {
+            return Err(einval(format!("{name} must be at least 1")));
+        }
+    }
     if let Some(filter) = p.discovery_filter.as_deref() {
         if filter != "match_any" {
             return Err(einval(format!(
@@ -458,6 +475,18 @@ pub fn nvmf_set_config(_: &mut Control, params: Option<Value>) -> Result<Value, 
                 requested.join(", ")
             )));
         }
+    }
+    // Applied last, once nothing else can refuse the call; queues already connected stay.
+    let limits = &c.target.info.qpair_limits;
+    if let Some(n) = p.max_qpairs_per_host {
+        limits
+            .max_per_host
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(n) = p.max_qpairs {
+        limits
+            .max_total
+            .store(n, std::sync::atomic::Ordering::Relaxed);
     }
     debug_ignored(
         "nvmf_set_config",

@@ -743,6 +743,23 @@ pub fn config(c: &Control) -> Vec<Value> {
         "nvmf_set_max_subsystems",
         json!({"max_subsystems": c.max_subsystems}),
     )];
+    let limits = &c.target.info.qpair_limits;
+    let per_host = limits
+        .max_per_host
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let total = limits.max_total.load(std::sync::atomic::Ordering::Relaxed);
+    if (per_host, total)
+        != (
+            crate::core::limits::DEFAULT_MAX_QPAIRS_PER_HOST,
+            crate::core::limits::DEFAULT_MAX_QPAIRS,
+        )
+    {
+        // Only when changed: SPDK's own configs never carry these extensions.
+        out.push(entry(
+            "nvmf_set_config",
+            json!({"max_qpairs_per_host": per_host, "max_qpairs": total}),
+        ));
+    }
     for t in c.target.transports() {
         out.push(entry("nvmf_create_transport", t.options()));
     }

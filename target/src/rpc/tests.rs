@@ -1324,6 +1324,34 @@ fn framework_settings_accept_defaults_and_refuse_the_rest() {
         "nvmf_set_config",
         json!({"discovery_filter": "match_any", "admin_cmd_passthru": {"identify_ctrlr": false}, "dhchap_digests": ["sha256"], "dhchap_dhgroups": ["null"]}),
     );
+    // Our queue pair limits: applied, refused at 0, saved only when changed.
+    let saved = |c: &Control| {
+        super::nvmf::config(c)
+            .iter()
+            .any(|e| e["method"] == "nvmf_set_config")
+    };
+    assert!(!saved(&c));
+    ok(
+        &mut c,
+        "nvmf_set_config",
+        json!({"max_qpairs_per_host": 8, "max_qpairs": 100}),
+    );
+    let limits = &c.target.info.qpair_limits;
+    assert_eq!(
+        (
+            limits.max_per_host.load(Ordering::Relaxed),
+            limits.max_total.load(Ordering::Relaxed)
+        ),
+        (8, 100)
+    );
+    assert!(saved(&c));
+    refused(
+        &mut c,
+        "nvmf_set_config",
+        json!({"max_qpairs": 0}),
+        EINVAL,
+        "max_qpairs",
+    );
     refused(
         &mut c,
         "nvmf_set_config",

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam::queue::SegQueue;
-use nvmf_common::buffer::BufferPool;
+use nvmf_common::buffer::{BufClass, BufferPool, SizedPools, SMALL_BUFSIZE};
 use nvmf_common::spec::sgl::SglKind;
 use nvmf_common::spec::{Command, Completion, Status};
 
@@ -53,6 +53,8 @@ struct Wire {
     to_host: SegQueue<Response>,
     host_closed: AtomicBool,
     target_closed: AtomicBool,
+    /// The host stopped taking responses (models an RDMA host that posts no receives).
+    host_stalled: AtomicBool,
 }
 
 /// The host end of one loopback queue pair.
@@ -69,6 +71,12 @@ impl LoopbackHostQueue {
         self.wire.to_host.pop()
     }
 
+    /// Stops (or resumes) taking responses: the target holds them, with their buffers, as an
+    /// RDMA target holds SENDs a host does not post receives for.
+    pub fn set_receiving(&self, receiving: bool) {
+        self.wire.host_stalled.store(!receiving, Ordering::Release);
+    }
+
     /// The target tore the queue down (controller failed, shutdown).
     pub fn is_disconnected(&self) -> bool {
         self.wire.target_closed.load(Ordering::Acquire)
@@ -81,26 +89,58 @@ impl Drop for LoopbackHostQueue {
     }
 }
 
+/// How a loopback poll group sizes its data buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopbackPools {
+    /// Buffers of [`SMALL_BUFSIZE`] (transfers up to that size).
+    pub small: u32,
+    /// Buffers of the largest transfer.
+    pub large: u32,
+    /// Buffers one qpair may hold at once (both classes); its requests beyond that wait in
+    /// the qpair's own queue, so one host cannot hold the pools.
+    pub per_qpair: u32,
+}
+
+impl LoopbackPools {
+    /// Twice the queue depth of each class; a qpair may hold half of the large pool (one full
+    /// queue), so two busy qpairs of a group always make progress.
+    pub fn for_limits(limits: &TransportLimits) -> Self {
+        let depth = u32::from(limits.max_queue_depth);
+        Self {
+            small: depth * 2,
+            large: depth * 2,
+            per_qpair: depth,
+        }
+    }
+}
+
 /// The transport: hands out host queues, and poll groups that serve them.
 #[derive(Clone)]
 pub struct LoopbackTransport {
     inbox: Arc<SegQueue<(Arc<Wire>, Option<ListenAddress>)>>,
     limits: TransportLimits,
+    sizes: LoopbackPools,
     /// Each poll group's data pool (clones share it), for [`LoopbackTransport::pools`].
     pools: Arc<Mutex<Vec<BufferPool>>>,
 }
 
 impl LoopbackTransport {
     pub fn new(limits: TransportLimits) -> Self {
+        Self::with_pools(limits, LoopbackPools::for_limits(&limits))
+    }
+
+    pub fn with_pools(limits: TransportLimits, sizes: LoopbackPools) -> Self {
         Self {
             inbox: Arc::new(SegQueue::new()),
             limits,
+            sizes,
             pools: Arc::default(),
         }
     }
 
-    /// The data pools of the poll groups made so far: tests check that an idle target has
-    /// every buffer back, and prime buffers with a pattern that must never reach a host.
+    /// The data pools (small and large) of the poll groups made so far: tests check that an
+    /// idle target has every buffer back, and prime buffers with a pattern that must never
+    /// reach a host.
     pub fn pools(&self) -> Vec<BufferPool> {
         self.pools.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -123,18 +163,25 @@ impl LoopbackTransport {
     }
 
     pub fn poll_group(&self, index: u8) -> Box<dyn TransportPollGroup> {
-        let buf_size = (self.limits.max_transfer() as usize).max(4096);
-        let count = u32::from(self.limits.max_queue_depth) * 2;
-        let pool = BufferPool::new(buf_size, count).expect("loopback buffer pool");
-        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
-        pools.push(pool.clone());
+        let large_size = (self.limits.max_transfer() as usize).max(4096);
+        let pools = SizedPools::new(
+            SMALL_BUFSIZE,
+            self.sizes.small,
+            large_size,
+            self.sizes.large,
+        )
+        .expect("loopback buffer pools");
+        let mut all = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        all.push(pools.small.clone());
+        all.push(pools.large.clone());
         Box::new(LoopbackPollGroup {
             index,
             inbox: Arc::clone(&self.inbox),
             limits: self.limits,
-            pool,
+            pools,
+            per_qpair: self.sizes.per_qpair.max(1) as usize,
             qpairs: Vec::new(),
-            waiting_for_buffer: VecDeque::new(),
+            waiting_for_buffer: [VecDeque::new(), VecDeque::new()],
         })
     }
 }
@@ -143,6 +190,8 @@ struct Slot {
     req: Request,
     host_buffer: Vec<u8>,
     busy: bool,
+    /// Counts toward its qpair's `held` (it has, or waits in the shared FIFO for, a buffer).
+    claimed: bool,
 }
 
 struct Qpair {
@@ -150,6 +199,13 @@ struct Qpair {
     state: QueueState,
     slots: Vec<Slot>,
     closing: bool,
+    /// Slots that have a buffer or wait for one in the group's FIFO (at most `per_qpair`).
+    held: usize,
+    /// Slots that need a buffer while the qpair holds its share: they wait here, in the
+    /// qpair's own queue, not in the group's FIFO.
+    over_cap: VecDeque<usize>,
+    /// Responses the host has not taken (it stopped receiving), with when each was ready.
+    unsent: VecDeque<(usize, u64)>,
 }
 
 impl Qpair {
@@ -162,10 +218,20 @@ struct LoopbackPollGroup {
     index: u8,
     inbox: Arc<SegQueue<(Arc<Wire>, Option<ListenAddress>)>>,
     limits: TransportLimits,
-    pool: BufferPool,
+    pools: SizedPools,
+    per_qpair: usize,
     qpairs: Vec<Option<Qpair>>,
-    /// Requests that asked for a data buffer when none was free, oldest first.
-    waiting_for_buffer: VecDeque<(usize, usize)>,
+    /// Requests that asked for a data buffer when none of their class was free, oldest first;
+    /// one FIFO per class ([`BufClass`] order), so a waiting large transfer never holds up
+    /// small ones.
+    waiting_for_buffer: [VecDeque<(usize, usize)>; 2],
+}
+
+fn class_index(class: BufClass) -> usize {
+    match class {
+        BufClass::Small => 0,
+        BufClass::Large => 1,
+    }
 }
 
 fn slot_tag(group: u8, qp: usize, slot: usize) -> ReqTag {
@@ -181,6 +247,9 @@ impl LoopbackPollGroup {
                 state: QueueState::new(self.limits, None, "loopback".into(), listener),
                 slots: Vec::new(),
                 closing: false,
+                held: 0,
+                over_cap: VecDeque::new(),
+                unsent: VecDeque::new(),
             };
             match self.qpairs.iter().position(Option::is_none) {
                 Some(i) => self.qpairs[i] = Some(qp),
@@ -212,6 +281,7 @@ impl LoopbackPollGroup {
                         req: Request::new(tag),
                         host_buffer: Vec::new(),
                         busy: false,
+                        claimed: false,
                     });
                     qp.slots.len() - 1
                 }
@@ -221,22 +291,37 @@ impl LoopbackPollGroup {
             slot.req.reset(capsule.cmd);
             slot.host_buffer = capsule.host_buffer;
             match core.prepare(&mut qp.state, &mut slot.req) {
-                Prepared::Complete => self.respond(qi, si),
+                Prepared::Complete => self.respond(qi, si, core.now_ms()),
                 Prepared::NoData => self.execute(core, qi, si),
-                Prepared::Data { .. } => self.attach_buffer(core, qi, si),
+                Prepared::Data { .. } => self.claim_buffer(core, qi, si),
             }
         }
     }
 
-    /// Gets a data buffer and pulls host data in, or queues the request until a buffer frees.
+    /// A request needs a data buffer: within its qpair's share it goes for one, beyond it
+    /// waits in the qpair's own queue until one of the qpair's buffers comes back.
+    fn claim_buffer(&mut self, core: &mut CoreCtx, qi: usize, si: usize) {
+        let qp = self.qpairs[qi].as_mut().expect("live qpair");
+        if qp.held >= self.per_qpair {
+            qp.over_cap.push_back(si);
+            return;
+        }
+        qp.held += 1;
+        qp.slots[si].claimed = true;
+        self.attach_buffer(core, qi, si);
+    }
+
+    /// Gets a data buffer of the request's class and pulls host data in, or queues the
+    /// request in the group's FIFO for that class until a buffer frees.
     fn attach_buffer(&mut self, core: &mut CoreCtx, qi: usize, si: usize) {
-        let Some(mut buf) = self.pool.get() else {
-            self.waiting_for_buffer.push_back((qi, si));
+        let qp = self.qpairs[qi].as_mut().expect("live qpair");
+        let len = qp.slots[si].req.len as usize;
+        let class = self.pools.class_of(len);
+        let Some(mut buf) = self.pools.get(class) else {
+            self.waiting_for_buffer[class_index(class)].push_back((qi, si));
             return;
         };
-        let qp = self.qpairs[qi].as_mut().expect("live qpair");
         let slot = &mut qp.slots[si];
-        let len = slot.req.len as usize;
         buf.set_len(len);
         if slot.req.dir == DataDirection::HostToController {
             let src_offset = match slot.req.cmd.dptr.classify() {
@@ -246,7 +331,7 @@ impl LoopbackPollGroup {
             let Some(src) = slot.host_buffer.get(src_offset..src_offset + len) else {
                 // The host memory the SGL describes is not there: a transport-level failure.
                 slot.req.complete(Status::DATA_TRANSFER_ERROR.with_dnr());
-                return self.respond(qi, si);
+                return self.respond(qi, si, core.now_ms());
             };
             buf.copy_from_slice(src);
         }
@@ -258,14 +343,28 @@ impl LoopbackPollGroup {
         let qp = self.qpairs[qi].as_mut().expect("live qpair");
         let slot = &mut qp.slots[si];
         if core.execute(&mut qp.state, &mut slot.req) == Exec::Complete {
-            self.respond(qi, si);
+            self.respond(qi, si, core.now_ms());
         }
     }
 
-    fn respond(&mut self, qi: usize, si: usize) {
+    /// The response is ready: delivered now, or held (with its buffer) while the host does
+    /// not receive.
+    fn respond(&mut self, qi: usize, si: usize, now_ms: u64) {
+        let qp = self.qpairs[qi].as_mut().expect("live qpair");
+        if !qp.closing && (!qp.unsent.is_empty() || qp.wire.host_stalled.load(Ordering::Acquire)) {
+            qp.unsent.push_back((si, now_ms));
+            return;
+        }
+        self.deliver(qi, si);
+    }
+
+    fn deliver(&mut self, qi: usize, si: usize) {
         let qp = self.qpairs[qi].as_mut().expect("live qpair");
         let slot = &mut qp.slots[si];
         slot.busy = false;
+        if std::mem::take(&mut slot.claimed) {
+            qp.held -= 1;
+        }
         let mut host_buffer = std::mem::take(&mut slot.host_buffer);
         let req = &mut slot.req;
         if req.dir == DataDirection::ControllerToHost && req.status().is_success() {
@@ -286,13 +385,42 @@ impl LoopbackPollGroup {
 
     fn retry_waiting(&mut self, core: &mut CoreCtx) -> usize {
         let mut n = 0;
-        while self.pool.available() > 0 {
-            let Some((qi, si)) = self.waiting_for_buffer.pop_front() else {
-                break;
-            };
-            if self.qpairs[qi].as_ref().is_some_and(|qp| qp.slots[si].busy) {
-                self.attach_buffer(core, qi, si);
+        // Responses held for a host that receives again go out first: they free buffers.
+        for qi in 0..self.qpairs.len() {
+            while let Some(qp) = self.qpairs[qi].as_mut() {
+                if qp.wire.host_stalled.load(Ordering::Acquire) {
+                    break;
+                }
+                let Some((si, _)) = qp.unsent.pop_front() else {
+                    break;
+                };
+                self.deliver(qi, si);
                 n += 1;
+            }
+        }
+        // Qpairs below their share take requests from their own queue.
+        for qi in 0..self.qpairs.len() {
+            while let Some(qp) = self.qpairs[qi].as_mut() {
+                if qp.closing || qp.held >= self.per_qpair {
+                    break;
+                }
+                let Some(si) = qp.over_cap.pop_front() else {
+                    break;
+                };
+                self.claim_buffer(core, qi, si);
+                n += 1;
+            }
+        }
+        for class in [BufClass::Small, BufClass::Large] {
+            let fifo = class_index(class);
+            while self.pools.pool(class).available() > 0 {
+                let Some((qi, si)) = self.waiting_for_buffer[fifo].pop_front() else {
+                    break;
+                };
+                if self.qpairs[qi].as_ref().is_some_and(|qp| qp.slots[si].busy) {
+                    self.attach_buffer(core, qi, si);
+                    n += 1;
+                }
             }
         }
         n
@@ -304,16 +432,39 @@ impl LoopbackPollGroup {
                 continue;
             };
             let host_gone = qp.wire.host_closed.load(Ordering::Acquire);
-            if !qp.closing && (host_gone || core.should_disconnect(&mut qp.state)) {
+            // A response the host has not taken within the transfer timeout: the host stopped
+            // receiving; the queue goes, and with it the buffers its requests hold.
+            let stuck = qp.unsent.front().is_some_and(|&(_, since)| {
+                core.now_ms().saturating_sub(since) >= core.transfer_timeout_ms
+            });
+            if stuck && !qp.closing {
+                tracing::warn!(peer = %qp.state.peer, held = qp.unsent.len(),
+                    "host took no response within the transfer timeout; closing the queue");
+            }
+            if !qp.closing && (host_gone || stuck || core.should_disconnect(&mut qp.state)) {
                 qp.closing = true;
                 qp.wire.target_closed.store(true, Ordering::Release);
                 core.queue_closed(&mut qp.state);
-                // Requests still waiting for a buffer never started: free them now. Those
-                // waiting on a bdev or an event keep their slot until the wakeup comes.
-                for &(_, si) in self.waiting_for_buffer.iter().filter(|&&(q, _)| q == qi) {
-                    qp.slots[si].busy = false;
+                // Requests still waiting for a buffer never started, and responses nobody
+                // will take: free them now. Those waiting on a bdev or an event keep their
+                // slot until the wakeup comes.
+                for fifo in &mut self.waiting_for_buffer {
+                    for &(_, si) in fifo.iter().filter(|&&(q, _)| q == qi) {
+                        qp.slots[si].busy = false;
+                    }
+                    fifo.retain(|&(q, _)| q != qi);
                 }
-                self.waiting_for_buffer.retain(|&(q, _)| q != qi);
+                let unsent = qp.unsent.drain(..).map(|(si, _)| si);
+                for si in qp.over_cap.drain(..).chain(unsent) {
+                    let slot = &mut qp.slots[si];
+                    slot.busy = false;
+                    slot.req.data = None;
+                    slot.host_buffer = Vec::new();
+                }
+                for slot in qp.slots.iter_mut().filter(|s| !s.busy) {
+                    slot.claimed = false;
+                }
+                qp.held = qp.slots.iter().filter(|s| s.claimed).count();
             }
             if qp.closing && qp.outstanding() == 0 {
                 self.qpairs[qi] = None;
@@ -356,7 +507,7 @@ impl TransportPollGroup for LoopbackPollGroup {
             return;
         }
         if core.resume(&mut qp.state, &mut slot.req, wakeup) == Exec::Complete {
-            self.respond(qi, si);
+            self.respond(qi, si, core.now_ms());
         }
     }
 

@@ -205,6 +205,12 @@ enum Cmd {
         poll_groups_mask: Option<String>,
         #[arg(short = 'd', long = "discovery-filter")]
         discovery_filter: Option<String>,
+        /// Our extension: queue pairs one host NQN may have connected.
+        #[arg(long = "max-qpairs-per-host")]
+        max_qpairs_per_host: Option<u32>,
+        /// Our extension: queue pairs connected to the whole target.
+        #[arg(long = "max-qpairs")]
+        max_qpairs: Option<u32>,
     },
     #[command(name = "nvmf_create_transport")]
     NvmfCreateTransport(CreateTransport),
@@ -712,11 +718,14 @@ fn request(cmd: Cmd) -> Result<Request, String> {
         NvmfSetConfig {
             poll_groups_mask,
             discovery_filter,
+            max_qpairs_per_host,
+            max_qpairs,
         } => (
             "nvmf_set_config",
-            some(
-                params! {"poll_groups_mask" => poll_groups_mask, "discovery_filter" => discovery_filter},
-            ),
+            some(params! {
+                "poll_groups_mask" => poll_groups_mask, "discovery_filter" => discovery_filter,
+                "max_qpairs_per_host" => max_qpairs_per_host, "max_qpairs" => max_qpairs,
+            }),
         ),
         NvmfCreateTransport(a) => {
             let mut p = params! {

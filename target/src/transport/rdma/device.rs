@@ -1,6 +1,6 @@
 //! What one poll group needs on one RDMA device: a protection domain, one completion queue for
 //! sends and receives, a shared receive queue with its registered capsule buffers, and the
-//! registered data buffer pool.
+//! registered data buffer pools (small and large).
 //!
 //! Receive buffers are two scatter entries per SRQ slot: the 64-byte SQE, then room for the
 //! in-capsule data. Keeping SQEs in their own dense region means a capsule without data
@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use nvmf_common::buffer::BufferPool;
+use nvmf_common::buffer::{SizedPools, SMALL_BUFSIZE};
 use nvmf_common::rdma::{
     register_pool, AccessFlags, CompletionQueue, Context, DeviceCapFlags, DmaBuf, ProtectionDomain,
     RecvWr, Sge, SharedReceiveQueue, MAX_CHAIN,
@@ -32,7 +32,8 @@ pub struct DeviceResources {
     pub pd: Arc<ProtectionDomain>,
     pub cq: Arc<CompletionQueue>,
     pub srq: Arc<SharedReceiveQueue>,
-    pub pool: BufferPool,
+    /// Data buffers in two classes (small: up to 8 KiB, large: up to max_io_size).
+    pub pools: SizedPools,
     /// The device may complete SEND with remote invalidation of the host's key.
     pub send_with_invalidate: bool,
     pub max_qp_wr: u32,
@@ -72,13 +73,18 @@ impl DeviceResources {
         let wanted = (u64::from(opts.num_shared_buffers) * u64::from(opts.io_unit_size)
             / buf_size as u64) as u32;
         let count = wanted.clamp(MIN_DATA_BUFFERS, MAX_DATA_BUFFERS);
-        let pool = BufferPool::new(buf_size, count).map_err(|e| e.to_string())?;
-        register_pool(&pd, &pool, AccessFlags::LOCAL_WRITE).map_err(|e| {
-            format!(
-                "{e} (registering {} MiB of data buffers; raise `ulimit -l`)",
-                (buf_size * count as usize) >> 20
-            )
-        })?;
+        // As many small buffers as large ones: commands up to 8 KiB (admin, Connect, small
+        // I/O, in-capsule data) never wait behind large transfers, for 1/16 more memory.
+        let pools =
+            SizedPools::new(SMALL_BUFSIZE, count, buf_size, count).map_err(|e| e.to_string())?;
+        for pool in [&pools.small, &pools.large] {
+            register_pool(&pd, pool, AccessFlags::LOCAL_WRITE).map_err(|e| {
+                format!(
+                    "{e} (registering {} MiB of data buffers; raise `ulimit -l`)",
+                    (pool.buf_size() * count as usize) >> 20
+                )
+            })?;
+        }
         // Soft-RoCE (rxe) advertises remote invalidation but SPDK found it unreliable there;
         // hosts cope either way, as the key is theirs to invalidate.
         let send_with_invalidate = attr
@@ -90,7 +96,7 @@ impl DeviceResources {
             pd,
             cq,
             srq,
-            pool,
+            pools,
             send_with_invalidate,
             max_qp_wr: attr.max_qp_wr,
             max_rd_atom: attr.max_qp_rd_atom.clamp(1, 255) as u8,
@@ -102,7 +108,7 @@ impl DeviceResources {
         };
         dev.flush_reposts()?;
         tracing::info!(device = %dev.ctx.device().name, srq_depth, data_buffers = count,
-            buffer_size = buf_size, huge_pages = dev.pool.uses_huge_pages(),
+            buffer_size = buf_size, huge_pages = dev.pools.large.uses_huge_pages(),
             send_with_invalidate, "RDMA device ready");
         Ok(dev)
     }

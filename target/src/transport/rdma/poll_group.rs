@@ -70,6 +70,8 @@ pub struct RdmaPollGroup {
     need_read: VecDeque<(usize, u32)>,
     need_send: VecDeque<(usize, u32)>,
     wcs: [WorkCompletion; POLL_BATCH],
+    /// The core's clock at the start of this turn (stamps posted transfers).
+    now_ms: u64,
 }
 
 impl RdmaPollGroup {
@@ -93,6 +95,7 @@ impl RdmaPollGroup {
             need_read: VecDeque::new(),
             need_send: VecDeque::new(),
             wcs: [WorkCompletion::default(); POLL_BATCH],
+            now_ms: 0,
         }
     }
 
@@ -358,7 +361,12 @@ impl RdmaPollGroup {
                 continue;
             }
             let dev = &mut self.devices[qp.dev];
-            let Some(mut buf) = dev.pool.get() else { break };
+            let class = dev
+                .pools
+                .class_of(qp.requests[si as usize].req.len as usize);
+            let Some(mut buf) = dev.pools.get(class) else {
+                break;
+            };
             self.need_buffer.pop_front();
             n += 1;
             let r = &mut qp.requests[si as usize];
@@ -428,6 +436,7 @@ impl RdmaPollGroup {
             match qp.qp.post_send(&[wr]) {
                 Ok(()) => {
                     r.state = State::Reading;
+                    r.posted_ms = self.now_ms;
                     qp.sq_used += 1;
                     qp.signaled += 1;
                     qp.reads_in_flight += 1;
@@ -455,7 +464,7 @@ impl RdmaPollGroup {
     fn queue_response(&mut self, qi: usize, si: u32) {
         let qp = self.qpairs[qi].as_mut().expect("live qpair");
         qp.requests[si as usize].state = State::NeedSend;
-        if !self.need_send.is_empty() || !try_send(qi, qp, si) {
+        if !self.need_send.is_empty() || !try_send(qi, qp, si, self.now_ms) {
             self.need_send.push_back((qi, si));
         }
     }
@@ -471,7 +480,7 @@ impl RdmaPollGroup {
                 self.need_send.pop_front();
                 continue;
             }
-            if !try_send(qi, qp, si) {
+            if !try_send(qi, qp, si, self.now_ms) {
                 break;
             }
             self.need_send.pop_front();
@@ -524,6 +533,14 @@ impl RdmaPollGroup {
                 self.start_close(qi, core);
                 continue;
             }
+            if qp.closing.is_none()
+                && transfer_stuck(&qp.requests, core.now_ms(), core.transfer_timeout_ms)
+            {
+                tracing::warn!(peer = %qp.state.peer,
+                    "host completed no transfer within the transfer timeout; closing qpair");
+                self.start_close(qi, core);
+                continue;
+            }
             let Some(since) = qp.closing else { continue };
             let timed_out = since.elapsed() > DRAIN_TIMEOUT;
             let wire_done = (qp.drained && qp.signaled == 0) || timed_out;
@@ -547,6 +564,15 @@ impl RdmaPollGroup {
     }
 }
 
+/// Whether a request has waited for the host's side of a transfer (RDMA READ or the response
+/// SEND) `timeout_ms` or longer. Runs on timer ticks only.
+fn transfer_stuck(requests: &[RdmaRequest], now_ms: u64, timeout_ms: u64) -> bool {
+    requests.iter().any(|r| {
+        matches!(r.state, State::Reading | State::Sending)
+            && now_ms.saturating_sub(r.posted_ms) >= timeout_ms
+    })
+}
+
 /// Work requests a request's response takes: RDMA WRITE + SEND with data for the host.
 fn wrs_of(r: &RdmaRequest) -> u32 {
     if r.req.dir == DataDirection::ControllerToHost
@@ -566,7 +592,7 @@ fn release(r: &mut RdmaRequest) {
 }
 
 /// Posts the response (and the read data before it) if the send queue has room.
-fn try_send(qi: usize, qp: &mut Qpair, si: u32) -> bool {
+fn try_send(qi: usize, qp: &mut Qpair, si: u32, now_ms: u64) -> bool {
     let r = &mut qp.requests[si as usize];
     let wrs = wrs_of(r);
     if qp.sq_used + wrs > qp.sq_capacity {
@@ -602,6 +628,7 @@ fn try_send(qi: usize, qp: &mut Qpair, si: u32) -> bool {
             qp.sq_used += wrs;
             qp.signaled += 1;
             r.state = State::Sending;
+            r.posted_ms = now_ms;
         }
         Err(e) => {
             // The QP is gone (error state): the close path frees the request.
@@ -614,6 +641,7 @@ fn try_send(qi: usize, qp: &mut Qpair, si: u32) -> bool {
 
 impl TransportPollGroup for RdmaPollGroup {
     fn poll(&mut self, core: &mut CoreCtx) -> usize {
+        self.now_ms = core.now_ms();
         let mut work = 0;
         for d in 0..self.devices.len() {
             work += self.poll_device(d, core);
@@ -702,5 +730,28 @@ impl TransportPollGroup for RdmaPollGroup {
         out.insert("pending_data_buffer".into(), 0.into());
         out.insert("devices".into(), devices.into());
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_transfers_waiting_on_the_host_past_the_timeout_count_as_stuck() {
+        let mut requests: Vec<RdmaRequest> = (0..3)
+            .map(|i| RdmaRequest::new(Request::new(ReqTag::new(0, i))))
+            .collect();
+        requests[0].state = State::Executing;
+        requests[0].posted_ms = 0;
+        requests[1].state = State::Sending;
+        requests[1].posted_ms = 1_000;
+        assert!(!transfer_stuck(&requests, 30_999, 30_000));
+        assert!(transfer_stuck(&requests, 31_000, 30_000));
+        requests[1].state = State::Free;
+        requests[2].state = State::Reading;
+        requests[2].posted_ms = 5_000;
+        assert!(!transfer_stuck(&requests, 34_999, 30_000));
+        assert!(transfer_stuck(&requests, 35_000, 30_000));
     }
 }

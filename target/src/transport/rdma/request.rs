@@ -14,6 +14,11 @@
 //! initiator depth the host granted) and send queue room, `NeedSend` for send queue room.
 //! A response with data to the host goes out as RDMA WRITE + SEND in one post; the WRITE is
 //! unsignaled, its slot is reclaimed with the SEND's completion.
+//!
+//! `Reading` and `Sending` wait for the host's side of the wire. A host that stops posting
+//! receives leaves a SEND retrying for ever (RNR retry count 7); a request in either state
+//! longer than the core's transfer timeout closes its qpair, which flushes the work requests
+//! and frees their buffers.
 
 use nvmf_common::rdma::Sge;
 
@@ -62,6 +67,10 @@ pub struct RdmaRequest {
     pub recv: Option<u32>,
     /// Bytes the receive actually carried after the SQE (bounds in-capsule SGLs).
     pub received_data: u32,
+    /// When the RDMA READ or the response (`Reading`, `Sending`) was posted, in the core's
+    /// milliseconds: a transfer the host does not complete within the core's transfer
+    /// timeout closes the qpair.
+    pub posted_ms: u64,
 }
 
 impl RdmaRequest {
@@ -72,6 +81,7 @@ impl RdmaRequest {
             host: HostData::None,
             recv: None,
             received_data: 0,
+            posted_ms: 0,
         }
     }
 
