@@ -32,7 +32,11 @@ nvmf_rpc nvmf_create_transport -t RDMA >/dev/null
 nvmf_rpc bdev_malloc_create -b Malloc0 32 512 >/dev/null
 nvmf_rpc nvmf_create_subsystem "$nqn" -a -s SPDK0000000000RESV -d "nvmf-rs lab" >/dev/null
 nvmf_rpc nvmf_subsystem_add_ns "$nqn" Malloc0 -p "$ptpl_file" >/dev/null
-nvmf_rpc nvmf_subsystem_add_listener "$nqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s 4420 >/dev/null
+# Host B comes through a second port: nvme-cli 2.3 refuses a second connection to the same
+# address and subsystem ("already connected") whatever the host NQN, -D or not.
+for port in 4420 4421; do
+    nvmf_rpc nvmf_subsystem_add_listener "$nqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s "$port" >/dev/null
+done
 lab_nvme_host_up
 
 # ctrl_for HOSTNQN: the controller character device (/dev/nvmeN) of $nqn connected as HOSTNQN.
@@ -47,10 +51,10 @@ ctrl_for() {
     return 1
 }
 
-# connect_both: host A, then host B (-D: a second connection to the same subsystem and port).
+# connect_both: host A through port 4420, then host B through port 4421.
 connect_both() {
     lab_nvme_connect "$nqn" "$LAB_ADDR0" 4420 --hostnqn="$host_a" --hostid="$id_a" >/dev/null
-    lab_t 60 nvme connect -t rdma -n "$nqn" -a "$LAB_ADDR0" -s 4420 -D \
+    lab_t 60 nvme connect -t rdma -n "$nqn" -a "$LAB_ADDR0" -s 4421 \
         --hostnqn="$host_b" --hostid="$id_b" >&2
     lab_wait_until 30 "a controller for host B" ctrl_for "$host_b"
     ctrl_a=$(ctrl_for "$host_a") || lab_fail "no controller for host A"
