@@ -2,7 +2,7 @@
 //! (`spdk_nvmf_tgt_write_config_json`).
 //!
 //! Parameters SPDK has for features this target lacks (TLS secure channels, DH-HMAC-CHAP
-//! keys, namespace masking, NVMe passthrough, NSSR, DMRSL/WZSL limits,
+//! keys, NVMe passthrough, NSSR, DMRSL/WZSL limits,
 //! `admin_label` of the extended discovery log page, bdev metadata) are accepted only at their
 //! "off" value; anything else is `-EINVAL` naming the parameter.
 //!
