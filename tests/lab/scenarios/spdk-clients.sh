@@ -52,6 +52,11 @@ for release in $releases; do
     nqn=nqn.2016-06.io.spdk:spdk-rpc-$tag
     nqn2=nqn.2016-06.io.spdk:spdk-rpc-$tag-closed
     aio_file=$mnt/aio-$tag.img
+    # A third subsystem with what high availability needs: ANA reporting with a listener
+    # state and a namespace moved to another group, a masked namespace shown to this host,
+    # persistent reservations with a ptpl_file, and a discovery referral.
+    nqn3=nqn.2016-06.io.spdk:spdk-rpc-$tag-ha
+    ptpl_file=$mnt/ptpl-$tag.json
     rpc() { lab_t 120 "$venv/bin/spdk-rpc" -s "$NVMF_RPC_SOCK" "$@"; }
     snapshot() { # NAME: the bdev and nvmf config as the target reports it now
         local s
@@ -82,6 +87,16 @@ for release in $releases; do
         "nvmf_subsystem_add_ns $nqn Malloc0" \
         "nvmf_subsystem_add_ns -n 7 $nqn2 Aio0" \
         "nvmf_subsystem_add_host $nqn2 $hostnqn" \
+        "bdev_malloc_create -b Malloc2 8 4096" \
+        "bdev_null_create Null1 8 4096" \
+        "nvmf_create_subsystem $nqn3 -a -r -s SPDK00000000000003" \
+        "nvmf_subsystem_add_listener $nqn3 -t rdma -f ipv4 -a $LAB_ADDR0 -s $port" \
+        "nvmf_subsystem_add_ns -p $ptpl_file $nqn3 Malloc2" \
+        "nvmf_subsystem_add_ns -i $nqn3 Null1" \
+        "nvmf_ns_add_host $nqn3 2 $hostnqn" \
+        "nvmf_subsystem_set_ns_ana_group $nqn3 2 1" \
+        "nvmf_subsystem_listener_set_ana_state $nqn3 -n non_optimized -t rdma -a $LAB_ADDR0 -s $port -f ipv4" \
+        "nvmf_discovery_add_referral -t rdma -a 10.0.0.9 -s 4420 -f ipv4" \
         "nvmf_get_transports" \
         "nvmf_get_subsystems" | rpc >"$setup_log" 2>&1 ||
         { cat "$setup_log" >&2; lab_fail "$release: the set-up script failed"; }
@@ -151,7 +166,7 @@ for release in $releases; do
     wait_nsids "$nqn" "1 5" "$release: namespaces after load_config"
     lab_nvme_disconnect "$nqn"
     nvmf_tgt_stop
-    rm -f "$aio_file"
+    rm -f "$aio_file" "$ptpl_file"
     lab_log "$release: PASS (admin cycle, getters, spdk-cli ls, save_config, restart, load_config)"
 done
 lab_pass "SPDK's spdk-rpc and spdk-cli ($releases) drive nvmf-tgt through a whole admin cycle with the Linux host connected"
