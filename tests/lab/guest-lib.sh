@@ -643,3 +643,48 @@ lab_cleanup() {
     rm -rf "$LAB_STATE"
     LAB_STATE=
 }
+
+# lab_reset_guest: put the guest back as it booted, without $LAB_STATE: used between the
+# scenarios of one boot (tests/lab/run --suite), where a scenario stopped by its time limit
+# (SIGKILL) may have left processes, connections, devices or mounts behind. Never fails.
+lab_reset_guest() {
+    local x
+    # Every program a scenario starts in the background; the scenario's shell is gone.
+    for x in nvmf-tgt nvmf-perf nvmf-host nvmf-rpc nvmf-doctor fio ib_write_bw ib_read_bw \
+        ib_send_bw ib_write_lat dd spdk-rpc spdk_rpc.py spdk-cli; do
+        pkill -KILL -x "$x" 2>/dev/null || true
+    done
+    pkill -KILL -f 'spdk-rpc|spdk-cli|rpc\.py' 2>/dev/null || true
+    sleep 0.5
+    if ls /sys/class/nvme-fabrics/ctl/nvme* >/dev/null 2>&1; then
+        timeout -k 5 60 nvme disconnect-all >/dev/null 2>&1 || echo "lab-guest: reset: nvme disconnect-all failed"
+    fi
+    lab_kernel_target_down >/dev/null 2>&1 || true
+    # Scenarios mount only below /tmp (itself virtme's overlay, left alone); newest first.
+    for x in $(awk '$2 ~ /^\/tmp\/./ {print $2}' /proc/mounts | tac); do
+        timeout -k 5 60 umount "$x" || timeout 30 umount -l "$x" || true
+        rmdir "$x" 2>/dev/null || true
+    done
+    if command -v dmsetup >/dev/null; then
+        for x in $(dmsetup ls 2>/dev/null | awk '$1 ~ /^(lab|nvmf)/ {print $1}'); do
+            timeout 30 dmsetup remove --force "$x" >/dev/null 2>&1 || true
+        done
+    fi
+    if [[ -d $NULLB_CFS ]]; then
+        for x in "$NULLB_CFS"/*/; do
+            [[ -d $x ]] || continue
+            lab_write 0 "$x/power" 2>/dev/null || true
+            timeout 30 rmdir "$x" 2>/dev/null || true
+        done
+    fi
+    grep -q '^brd ' /proc/modules && { timeout 30 rmmod brd 2>/dev/null || true; }
+    lab_rxe_down >/dev/null 2>&1 || true
+    for x in $(rdma link show 2>/dev/null | awk '{print $2}' | cut -d/ -f1 | sort -u); do
+        timeout 30 rdma link delete "$x" >/dev/null 2>&1 || true
+    done
+    for x in $(ip -o link show type veth 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
+        ip link show "$x" >/dev/null 2>&1 && { timeout 10 ip link del "$x" >/dev/null 2>&1 || true; }
+    done
+    rm -rf /tmp/lab-state.* 2>/dev/null || true
+    return 0
+}

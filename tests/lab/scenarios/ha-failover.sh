@@ -15,10 +15,16 @@
 # target's bdev_get_iostat, and the hidden path devices' /sys/block/nvmeXcYnZ/stat), and
 # finds the longest pause in fio's 100 ms IOPS log around the step. Passes with zero verify
 # errors, a final write-then-verify pass, and a result table.
+# Then the userspace initiator (#16 item 4), with the kernel host disconnected: nvmf-perf given
+# both addresses runs a 4 KiB randrw mix through the same steps (A inaccessible, A killed, A
+# restarted from its saved config, failback), and must end with zero I/O errors, I/O moved to
+# the other path at least once and I/O done through each path; then nvmf-host writes 1 MiB
+# over the two paths and reads it back identical.
 # Arguments: [SECONDS_PER_STEP] (default 8).
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
 lab_init ha-failover
+source "$(dirname "${BASH_SOURCE[0]}")/../initiator-lib.sh"
 
 step_secs=${1:-8}
 nqn=nqn.2016-06.io.spdk:ha
@@ -290,4 +296,52 @@ check_host final
     echo "pause: longest gap between 100 ms fio IOPS samples with I/O, from 1 s before the step"
 } | tee "$LAB_OUT/result.txt" >&2
 
-lab_pass "one namespace, two target processes, two paths: I/O followed ANA (A optimized -> A inaccessible -> A killed -> A restarted from its saved config -> failback), zero verify errors"
+
+# 7. The userspace initiator through the same steps, the kernel host gone.
+lab_nvme_disconnect "$nqn"
+set_ana a "$port_a" optimized
+tgt_rpc a save_config >"$LAB_STATE/tgt-a-optimized.json"
+# Runs until stopped with SIGINT after the last step (it then reports as usual).
+perf_secs=600
+perf_multipath_run "$nqn" "$LAB_ADDR0" "$port_a" "$port_b" "$perf_secs" "$LAB_OUT/perf-multipath.json"
+sleep "$step_secs"
+wa0=$(writes_of a)
+sleep 2
+wa1=$(writes_of a)
+[[ $wa0 != - && $wa1 != - ]] && ((wa1 > wa0)) || lab_fail "nvmf-perf does no I/O through A (optimized): $wa0 -> $wa1"
+set_ana a "$port_a" inaccessible
+lab_log "nvmf-perf: A set inaccessible"
+sleep "$step_secs"
+wb0=$(writes_of b)
+sleep 2
+wb1=$(writes_of b)
+((wb1 > wb0)) || lab_fail "nvmf-perf did not move to B when A went inaccessible: B $wb0 -> $wb1"
+tgt_rpc a save_config >"$LAB_STATE/tgt-a.json"
+kill -KILL "${TGT_PID[a]}"
+wait "${TGT_PID[a]}" 2>/dev/null || true
+lab_log "nvmf-perf: A killed"
+sleep "$step_secs"
+kill -0 "$PERF_MP_PID" 2>/dev/null || lab_fail "nvmf-perf stopped after A was killed (see $LAB_OUT/perf-multipath.json.err)"
+tgt_start a -m 0x1 -c "$LAB_STATE/tgt-a.json"
+lab_log "nvmf-perf: A restarted (inaccessible, as saved)"
+sleep "$step_secs"
+set_ana a "$port_a" optimized
+lab_log "nvmf-perf: A optimized again (failback)"
+sleep "$step_secs"
+wa0=$(writes_of a)
+sleep 2
+wa1=$(writes_of a)
+[[ $wa0 != - && $wa1 != - ]] && ((wa1 > wa0)) ||
+    lab_fail "nvmf-perf did not fail back to A: A $wa0 -> $wa1 (see $LAB_OUT/perf-multipath.json.err)"
+kill -INT "$PERF_MP_PID" || lab_fail "nvmf-perf is not running after the last step"
+# Not in a pipeline: the function waits for nvmf-perf, a child of this shell only.
+perf_multipath_finish "$LAB_OUT/perf-multipath.json" 0 >"$LAB_STATE/multipath.txt"
+tee -a "$LAB_OUT/result.txt" <"$LAB_STATE/multipath.txt" >&2
+/usr/bin/python3 - "$LAB_OUT/perf-multipath.json" <<'PYEOF' || lab_fail "nvmf-perf: a path carried no I/O"
+import json, sys
+d = json.load(open(sys.argv[1]))
+paths = [p["ios"] for n in d["namespaces"] for p in n["multipath"]["paths"]]
+sys.exit(0 if len(paths) == 2 and all(n > 0 for n in paths) else 1)
+PYEOF
+
+lab_pass "one namespace, two target processes, two paths: I/O followed ANA (A optimized -> A inaccessible -> A killed -> A restarted from its saved config -> failback), zero verify errors; nvmf-perf and nvmf-host over both paths followed the same steps with zero I/O errors"

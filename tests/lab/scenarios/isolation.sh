@@ -78,23 +78,29 @@ blk_b=$(lab_nvme_connect "$tenant_b" "$LAB_ADDR0" 4421 \
     --hostid=b0b0b0b0-0000-4000-8000-00000000000b)
 ctrl_a=$(ctrl_of "$tenant_a") || lab_fail "no controller device for $tenant_a"
 [[ -c $ctrl_a ]] || lab_fail "no controller device for $tenant_a"
+# The counter itself works: Identify Controller's data holds the subsystem NQN, three of three.
+lab_t 60 python3 "$LAB_REPO/tests/lab/admin-repeat.py" "$ctrl_a" 3 0x06 1 4096 \
+    "$(printf tenant-a | xxd -p)" >"$LAB_STATE/replies" || lab_fail "Identify through admin-repeat failed"
+grep -qx 'sent=3 failed=0 marked=3' "$LAB_STATE/replies" ||
+    lab_fail "admin-repeat does not see the NQN in Identify Controller: $(cat "$LAB_STATE/replies")"
 python3 -c 'import sys; sys.stdout.buffer.write(bytes([0xDE,0xAD,0xBE,0xEF]) * 262144)' >"$LAB_STATE/marker"
+# One write first, so the pool's buffers already hold the marker when the questions start.
+dd if="$LAB_STATE/marker" of="$blk_b" bs=128k oflag=direct status=none
 (for _ in $(seq 1 200); do
     dd if="$LAB_STATE/marker" of="$blk_b" bs=128k oflag=direct status=none || exit 1
 done) &
 writer=$!
 lab__record bgpids "$writer"
-leaks=0
-for i in $(seq 1 300); do
-    lab_t 30 nvme admin-passthru "$ctrl_a" --opcode=0x0a --cdw10=0x381 --data-len=16 --read \
-        --raw-binary >"$LAB_STATE/reply" 2>/dev/null || lab_fail "Get Features SEL=3 failed (try $i)"
-    if xxd -p "$LAB_STATE/reply" | tr -d '\n' | grep -q 'deadbeef\|adbeefde\|beefdead\|efdeadbe'; then
-        leaks=$((leaks + 1))
-    fi
-done
+# One process sends the 300 commands 10 ms apart, while the writer runs (admin-repeat.py:
+# NVME_IOCTL_ADMIN_CMD, each into a zeroed 16-byte buffer) and counts the replies holding a
+# rotation of the marker.
+lab_t 300 python3 "$LAB_REPO/tests/lab/admin-repeat.py" "$ctrl_a" 300 0x0a 0x381 16 deadbeef 10 \
+    >"$LAB_STATE/replies" || lab_fail "Get Features SEL=3 failed: $(cat "$LAB_STATE/replies")"
 kill "$writer" 2>/dev/null || true
 wait "$writer" 2>/dev/null || true
-((leaks == 0)) || lab_fail "$leaks of 300 Host Identifier replies carried another tenant's bytes"
+read -r sent failed marked < <(sed 's/[a-z]*=//g' "$LAB_STATE/replies")
+((sent == 300 && failed == 0)) || lab_fail "Get Features SEL=3: $(cat "$LAB_STATE/replies")"
+((marked == 0)) || lab_fail "$marked of 300 Host Identifier replies carried another tenant's bytes"
 lab_log "Host Identifier SEL=3: 300 replies, none with another tenant's bytes"
 lab_nvme_disconnect "$tenant_a"
 lab_nvme_disconnect "$tenant_b"
