@@ -6,6 +6,7 @@ pub mod bdev;
 pub mod cmd;
 pub mod core;
 pub mod doctor;
+pub mod exit_on_panic;
 pub mod metrics;
 pub mod reactor;
 pub mod rpc;

@@ -318,6 +318,9 @@ fn init_logging(args: &Args) -> anyhow::Result<LogControl> {
 }
 
 fn main() {
+    // First: a panic on any thread from here on ends the process (status 70), so that no
+    // reactor can die and leave its hosts served by nobody.
+    nvmf_target::exit_on_panic::install();
     let args = Args::parse();
     if let Err(e) = run(args) {
         eprintln!("nvmf-tgt: {e:#}");
@@ -459,12 +462,14 @@ fn run(args: Args) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(100));
         // A reactor that died (a panic) leaves its hosts served by nobody: exit non-zero at
         // once, so systemd or another supervisor restarts the target and hosts reconnect.
+        // The panic hook (`exit_on_panic`) normally exits first, from the panicking thread;
+        // this check stays in case a library replaces the hook.
         if let Some(dead) = reactors.iter().find(|r| r.died()) {
             tracing::error!(
                 core = dead.core,
                 "reactor died: exiting with status 70 so a supervisor restarts nvmf-tgt"
             );
-            std::process::exit(70);
+            std::process::exit(nvmf_target::exit_on_panic::EXIT_STATUS);
         }
     }
     tracing::info!("shutting down: disconnecting hosts");

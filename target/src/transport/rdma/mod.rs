@@ -26,7 +26,9 @@ use crate::transport::{Transport, TransportLimits, TransportPollGroup};
 
 mod device;
 mod poll_group;
+mod qpair;
 mod request;
+mod wait_queue;
 
 pub use poll_group::RdmaPollGroup;
 

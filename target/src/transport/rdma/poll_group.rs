@@ -2,13 +2,13 @@
 //! FIFOs of requests waiting for a resource. Everything here runs on the reactor thread.
 
 use std::any::Any;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvmf_common::rdma::{
-    AccessFlags, CmEventKind, CmIdToken, ConnParams, DmaBuf, QpCaps, SendWr, Sge, WcStatus,
+    AccessFlags, CmEventKind, CmIdToken, ConnParams, DmaBuf, QpCaps, SendWr, WcStatus,
     WorkCompletion,
 };
 use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmRejectStatus};
@@ -17,9 +17,14 @@ use nvmf_common::spec::Status;
 use zerocopy::IntoBytes;
 
 use super::device::DeviceResources;
-use super::request::{
-    parse_tag_slot, parse_wr_id, tag_slot, wr_id, HostData, RdmaRequest, State, WrKind,
+use super::qpair::{
+    claim_index, release, transfer_stuck, try_send, wrs_of, Qpair, SendOutcome, CQE_LEN,
 };
+use super::request::{
+    parse_tag_slot, parse_wr_id, slots_for, tag_slot, wr_id, HostData, RdmaRequest, State, WrKind,
+    DRAIN_SLOT, MAX_QPAIRS,
+};
+use super::wait_queue::{WaitQueue, Waiter};
 use super::NewConnection;
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
@@ -27,34 +32,9 @@ use crate::core::CoreCtx;
 use crate::transport::options::TransportOptions;
 use crate::transport::{TransportLimits, TransportPollGroup};
 
-const CQE_LEN: usize = 16;
 const POLL_BATCH: usize = 32;
-/// Slot id of the marker SEND posted after a qpair enters the error state: its flush
-/// completion arrives after every earlier send-queue completion.
-const DRAIN_SLOT: u32 = u32::MAX;
 /// How long a closing qpair waits for its flushed work requests before it is destroyed anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
-
-struct Qpair {
-    gen: u8,
-    dev: usize,
-    // Field order is drop order: the QP is destroyed before its CM id.
-    qp: nvmf_common::rdma::QueuePair,
-    cm_id: nvmf_common::rdma::CmId,
-    token: CmIdToken,
-    state: QueueState,
-    requests: Vec<RdmaRequest>,
-    responses: DmaBuf,
-    sq_capacity: u32,
-    sq_used: u32,
-    reads_in_flight: u32,
-    max_reads: u32,
-    /// SENDs and READs posted signaled and not completed yet.
-    signaled: u32,
-    closing: Option<Instant>,
-    drained: bool,
-    send_with_invalidate: bool,
-}
 
 pub struct RdmaPollGroup {
     index: u8,
@@ -66,9 +46,9 @@ pub struct RdmaPollGroup {
     gens: Vec<u8>,
     by_qp_num: HashMap<u32, usize>,
     by_token: HashMap<CmIdToken, usize>,
-    need_buffer: VecDeque<(usize, u32)>,
-    need_read: VecDeque<(usize, u32)>,
-    need_send: VecDeque<(usize, u32)>,
+    need_buffer: WaitQueue,
+    need_read: WaitQueue,
+    need_send: WaitQueue,
     wcs: [WorkCompletion; POLL_BATCH],
     /// The core's clock at the start of this turn (stamps posted transfers).
     now_ms: u64,
@@ -91,9 +71,9 @@ impl RdmaPollGroup {
             gens: Vec::new(),
             by_qp_num: HashMap::new(),
             by_token: HashMap::new(),
-            need_buffer: VecDeque::new(),
-            need_read: VecDeque::new(),
-            need_send: VecDeque::new(),
+            need_buffer: WaitQueue::new(State::NeedBuffer),
+            need_read: WaitQueue::new(State::NeedRead),
+            need_send: WaitQueue::new(State::NeedSend),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             now_ms: 0,
         }
@@ -123,6 +103,13 @@ impl RdmaPollGroup {
             super::reject(&conn.id, RdmaCmRejectStatus::NO_RESOURCES);
             e
         };
+        // First, so a full group wastes no QP on a connection it refuses. An index claimed
+        // here and not filled (a later refusal) stays free for the next connection.
+        let Some(qi) = claim_index(&mut self.qpairs, &mut self.gens) else {
+            let e =
+                format!("this reactor already has {MAX_QPAIRS} qpairs, the most it can tell apart");
+            return Err(refuse(e, &conn));
+        };
         let ctx = conn
             .id
             .context()
@@ -130,9 +117,7 @@ impl RdmaPollGroup {
         let dev_index = self.device_for(ctx).map_err(|e| refuse(e, &conn))?;
         let dev = &self.devices[dev_index];
         let depth = u32::from(conn.depth);
-        // Twice the depth: a host may reuse a slot as soon as it sees our response, before we
-        // reaped the SEND's completion.
-        let slots = depth * 2;
+        let slots = slots_for(conn.depth);
         let caps = QpCaps {
             max_send_wr: (slots * 2 + 1).min(dev.max_qp_wr),
             max_recv_wr: 0,
@@ -146,14 +131,6 @@ impl RdmaPollGroup {
             .map_err(|e| refuse(e.to_string(), &conn))?;
         let responses = DmaBuf::new(&dev.pd, slots as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
             .map_err(|e| refuse(e.to_string(), &conn))?;
-        let qi = match self.qpairs.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                self.qpairs.push(None);
-                self.gens.push(0);
-                self.qpairs.len() - 1
-            }
-        };
         let gen = self.gens[qi];
         let requests = (0..slots)
             .map(|s| RdmaRequest::new(Request::new(ReqTag::new(self.index, tag_slot(gen, qi, s)))))
@@ -190,6 +167,7 @@ impl RdmaPollGroup {
             closing: None,
             drained: false,
             send_with_invalidate,
+            broken: false,
         });
         self.load.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -343,7 +321,11 @@ impl RdmaPollGroup {
             Prepared::NoData => self.execute(qi, si as u32, core),
             Prepared::Data { .. } => {
                 r.state = State::NeedBuffer;
-                self.need_buffer.push_back((qi, si as u32));
+                self.need_buffer.push(Waiter {
+                    qpair: qi,
+                    gen: qp.gen,
+                    slot: si as u32,
+                });
             }
         }
     }
@@ -351,25 +333,17 @@ impl RdmaPollGroup {
     /// Gives waiting requests data buffers, oldest first, and moves them on.
     fn serve_buffers(&mut self, core: &mut CoreCtx) -> usize {
         let mut n = 0;
-        while let Some(&(qi, si)) = self.need_buffer.front() {
-            let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
-                self.need_buffer.pop_front();
-                continue;
-            };
-            if qp.requests[si as usize].state != State::NeedBuffer {
-                self.need_buffer.pop_front();
-                continue;
-            }
+        while let Some((w, qp)) = self.need_buffer.current_at(0, &mut self.qpairs) {
+            let (qi, si) = (w.qpair, w.slot);
+            // `current_at` checked that the slot exists.
+            let r = &mut qp.requests[si as usize];
             let dev = &mut self.devices[qp.dev];
-            let class = dev
-                .pools
-                .class_of(qp.requests[si as usize].req.len as usize);
+            let class = dev.pools.class_of(r.req.len as usize);
             let Some(mut buf) = dev.pools.get(class) else {
                 break;
             };
-            self.need_buffer.pop_front();
+            self.need_buffer.remove(0);
             n += 1;
-            let r = &mut qp.requests[si as usize];
             buf.set_len(r.req.len as usize);
             let dir = r.req.dir;
             match (dir, r.host) {
@@ -396,7 +370,7 @@ impl RdmaPollGroup {
                 (DataDirection::HostToController, HostData::Keyed { .. }) => {
                     r.req.data = Some(buf);
                     r.state = State::NeedRead;
-                    self.need_read.push_back((qi, si));
+                    self.need_read.push(w);
                 }
                 _ => {
                     r.req.data = Some(buf);
@@ -412,21 +386,14 @@ impl RdmaPollGroup {
     fn serve_reads(&mut self) -> usize {
         let mut n = 0;
         let mut i = 0;
-        while i < self.need_read.len() {
-            let (qi, si) = self.need_read[i];
-            let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
-                self.need_read.remove(i);
-                continue;
-            };
-            if qp.requests[si as usize].state != State::NeedRead {
-                self.need_read.remove(i);
-                continue;
-            }
+        while let Some((w, qp)) = self.need_read.current_at(i, &mut self.qpairs) {
+            let (qi, si) = (w.qpair, w.slot);
             if qp.reads_in_flight >= qp.max_reads || qp.sq_used + 1 > qp.sq_capacity {
                 i += 1;
                 continue;
             }
             self.need_read.remove(i);
+            // `current_at` checked that the slot exists.
             let r = &mut qp.requests[si as usize];
             let HostData::Keyed { addr, key, .. } = r.host else {
                 unreachable!("queued as keyed")
@@ -464,27 +431,26 @@ impl RdmaPollGroup {
     fn queue_response(&mut self, qi: usize, si: u32) {
         let qp = self.qpairs[qi].as_mut().expect("live qpair");
         qp.requests[si as usize].state = State::NeedSend;
-        if !self.need_send.is_empty() || !try_send(qi, qp, si, self.now_ms) {
-            self.need_send.push_back((qi, si));
+        if self.need_send.is_empty() && try_send(qi, qp, si, self.now_ms) != SendOutcome::NoRoom {
+            return;
         }
+        self.need_send.push(Waiter {
+            qpair: qi,
+            gen: qp.gen,
+            slot: si,
+        });
     }
 
     fn serve_sends(&mut self) -> usize {
         let mut n = 0;
-        while let Some(&(qi, si)) = self.need_send.front() {
-            let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
-                self.need_send.pop_front();
-                continue;
-            };
-            if qp.requests[si as usize].state != State::NeedSend {
-                self.need_send.pop_front();
-                continue;
+        while let Some((w, qp)) = self.need_send.current_at(0, &mut self.qpairs) {
+            match try_send(w.qpair, qp, w.slot, self.now_ms) {
+                SendOutcome::NoRoom => break,
+                SendOutcome::Posted => n += 1,
+                // The qpair's close deals with the request.
+                SendOutcome::Failed => {}
             }
-            if !try_send(qi, qp, si, self.now_ms) {
-                break;
-            }
-            self.need_send.pop_front();
-            n += 1;
+            self.need_send.remove(0);
         }
         n
     }
@@ -502,6 +468,7 @@ impl RdmaPollGroup {
         let _ = qp.cm_id.disconnect();
         core.queue_closed(&mut qp.state);
         let dev = &mut self.devices[qp.dev];
+        // Not `Abandoned`: their buffers stay until the QP is destroyed (see `Qpair`).
         for r in &mut qp.requests {
             if matches!(
                 r.state,
@@ -529,6 +496,10 @@ impl RdmaPollGroup {
             let Some(qp) = self.qpairs[qi].as_mut() else {
                 continue;
             };
+            if qp.closing.is_none() && qp.broken {
+                self.start_close(qi, core);
+                continue;
+            }
             if qp.closing.is_none() && core.should_disconnect(&mut qp.state) {
                 self.start_close(qi, core);
                 continue;
@@ -548,6 +519,8 @@ impl RdmaPollGroup {
             if !wire_done || executing {
                 continue;
             }
+            // Dropping the qpair destroys its QP first, then frees its requests' buffers
+            // (`Abandoned` ones included): see the field order of `Qpair`.
             let qp = self.qpairs[qi].take().expect("checked above");
             let dev = &mut self.devices[qp.dev];
             for r in &qp.requests {
@@ -562,81 +535,6 @@ impl RdmaPollGroup {
             tracing::debug!(peer = %qp.state.peer, "RDMA qpair destroyed");
         }
     }
-}
-
-/// Whether a request has waited for the host's side of a transfer (RDMA READ or the response
-/// SEND) `timeout_ms` or longer. Runs on timer ticks only.
-fn transfer_stuck(requests: &[RdmaRequest], now_ms: u64, timeout_ms: u64) -> bool {
-    requests.iter().any(|r| {
-        matches!(r.state, State::Reading | State::Sending)
-            && now_ms.saturating_sub(r.posted_ms) >= timeout_ms
-    })
-}
-
-/// Work requests a request's response takes: RDMA WRITE + SEND with data for the host.
-fn wrs_of(r: &RdmaRequest) -> u32 {
-    if r.req.dir == DataDirection::ControllerToHost
-        && r.req.status().is_success()
-        && r.req.data.is_some()
-    {
-        2
-    } else {
-        1
-    }
-}
-
-/// Returns a request slot to the free state; its data buffer goes back to the pool.
-fn release(r: &mut RdmaRequest) {
-    r.req.data = None;
-    r.state = State::Free;
-}
-
-/// Posts the response (and the read data before it) if the send queue has room.
-fn try_send(qi: usize, qp: &mut Qpair, si: u32, now_ms: u64) -> bool {
-    let r = &mut qp.requests[si as usize];
-    let wrs = wrs_of(r);
-    if qp.sq_used + wrs > qp.sq_capacity {
-        return false;
-    }
-    let cqe_offset = si as usize * CQE_LEN;
-    qp.responses.write_at(cqe_offset, r.req.rsp.as_bytes());
-    let rsp_sge = [qp
-        .responses
-        .sge(cqe_offset, CQE_LEN)
-        .expect("slot inside the region")];
-    let send_id = wr_id(WrKind::Send, qp.gen, qi, si);
-    let send = match r.host {
-        HostData::Keyed {
-            key,
-            invalidate: true,
-            ..
-        } if qp.send_with_invalidate => SendWr::send_with_invalidate(send_id, &rsp_sge, key),
-        _ => SendWr::send(send_id, &rsp_sge),
-    };
-    let data_sge: [Sge; 1] = [r.data_sge().unwrap_or_default()];
-    let result = match (wrs, r.host) {
-        (2, HostData::Keyed { addr, key, .. }) => {
-            let write =
-                SendWr::rdma_write(wr_id(WrKind::Write, qp.gen, qi, si), &data_sge, addr, key)
-                    .signaled(false);
-            qp.qp.post_send(&[write, send])
-        }
-        _ => qp.qp.post_send(&[send]),
-    };
-    match result {
-        Ok(()) => {
-            qp.sq_used += wrs;
-            qp.signaled += 1;
-            r.state = State::Sending;
-            r.posted_ms = now_ms;
-        }
-        Err(e) => {
-            // The QP is gone (error state): the close path frees the request.
-            tracing::warn!(peer = %qp.state.peer, "posting the response failed: {e}");
-            release(r);
-        }
-    }
-    true
 }
 
 impl TransportPollGroup for RdmaPollGroup {
@@ -730,28 +628,5 @@ impl TransportPollGroup for RdmaPollGroup {
         out.insert("pending_data_buffer".into(), 0.into());
         out.insert("devices".into(), devices.into());
         out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_transfers_waiting_on_the_host_past_the_timeout_count_as_stuck() {
-        let mut requests: Vec<RdmaRequest> = (0..3)
-            .map(|i| RdmaRequest::new(Request::new(ReqTag::new(0, i))))
-            .collect();
-        requests[0].state = State::Executing;
-        requests[0].posted_ms = 0;
-        requests[1].state = State::Sending;
-        requests[1].posted_ms = 1_000;
-        assert!(!transfer_stuck(&requests, 30_999, 30_000));
-        assert!(transfer_stuck(&requests, 31_000, 30_000));
-        requests[1].state = State::Free;
-        requests[2].state = State::Reading;
-        requests[2].posted_ms = 5_000;
-        assert!(!transfer_stuck(&requests, 34_999, 30_000));
-        assert!(transfer_stuck(&requests, 35_000, 30_000));
     }
 }

@@ -15,6 +15,9 @@
 //! A response with data to the host goes out as RDMA WRITE + SEND in one post; the WRITE is
 //! unsignaled, its slot is reclaimed with the SEND's completion.
 //!
+//! A response whose post fails is `Abandoned` if an RDMA WRITE from its buffer may have been
+//! posted (see `qpair::after_failed_post`), and its qpair is closed.
+//!
 //! `Reading` and `Sending` wait for the host's side of the wire. A host that stops posting
 //! receives leaves a SEND retrying for ever (RNR retry count 7); a request in either state
 //! longer than the core's transfer timeout closes its qpair, which flushes the work requests
@@ -40,6 +43,10 @@ pub enum State {
     NeedSend,
     /// RDMA WRITE (if any) and SEND posted; waiting for the SEND's completion.
     Sending,
+    /// Posting the response failed after its RDMA WRITE may have reached the send queue: the
+    /// NIC may still read the data buffer, so the request keeps it until the qpair (and with
+    /// it the QP) is destroyed. Nothing moves a request out of this state.
+    Abandoned,
 }
 
 /// Where the host's data for this command is.
@@ -103,12 +110,55 @@ pub enum WrKind {
     Write = 3,
 }
 
-/// `kind` (2 bits) | qpair generation (8) | qpair index (22) | slot (32). Receives carry only
-/// the receive buffer index.
+/// Bits of the qpair index in a work request id ([`wr_id`]).
+pub const WR_QPAIR_BITS: u32 = 22;
+/// Bits of the qpair index in a core tag ([`tag_slot`]).
+pub const TAG_QPAIR_BITS: u32 = 16;
+
+/// Qpair indexes one poll group may hand out: every index below it has its own work request
+/// ids and core tags. One past it, both encodings would wrap to index 0 and a completion or a
+/// wakeup would land on another connection's request.
+pub const MAX_QPAIRS: usize = 1 << min(WR_QPAIR_BITS, TAG_QPAIR_BITS);
+const _: () = assert!(MAX_QPAIRS <= 1 << WR_QPAIR_BITS && MAX_QPAIRS <= 1 << TAG_QPAIR_BITS);
+
+const fn min(a: u32, b: u32) -> u32 {
+    if a < b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Request slots a qpair can have: twice the largest queue depth a host can ask for (a `u16`),
+/// see [`slots_for`].
+pub const MAX_SLOTS: u32 = 2 * (u16::MAX as u32 + 1);
+
+/// Slot id of the marker SEND posted after a qpair enters the error state: its flush
+/// completion arrives after every earlier send-queue completion. It must never name a real
+/// slot, or the marker's completion would release a request still on the wire.
+pub const DRAIN_SLOT: u32 = u32::MAX;
+const _: () = assert!(MAX_SLOTS < DRAIN_SLOT);
+
+/// Request slots for a queue of `depth` entries: twice the depth, because a host may reuse a
+/// slot as soon as it sees our response, before we reaped the SEND's completion. Always below
+/// [`MAX_SLOTS`], so never [`DRAIN_SLOT`].
+pub fn slots_for(depth: u16) -> u32 {
+    u32::from(depth) * 2
+}
+
+const WR_QPAIR_MASK: u64 = (1 << WR_QPAIR_BITS) - 1;
+const TAG_QPAIR_MASK: u64 = (1 << TAG_QPAIR_BITS) - 1;
+
+/// `kind` (2 bits) | qpair generation (8) | qpair index ([`WR_QPAIR_BITS`]) | slot (32).
+/// Receives carry only the receive buffer index.
 pub fn wr_id(kind: WrKind, gen: u8, qpair: usize, slot: u32) -> u64 {
+    debug_assert!(
+        qpair < MAX_QPAIRS,
+        "qpair index {qpair} has no id of its own"
+    );
     ((kind as u64) << 62)
         | (u64::from(gen) << 54)
-        | (((qpair as u64) & 0x3F_FFFF) << 32)
+        | (((qpair as u64) & WR_QPAIR_MASK) << 32)
         | u64::from(slot)
 }
 
@@ -122,23 +172,34 @@ pub fn parse_wr_id(id: u64) -> (WrKind, u8, usize, u32) {
     (
         kind,
         (id >> 54) as u8,
-        ((id >> 32) & 0x3F_FFFF) as usize,
+        ((id >> 32) & WR_QPAIR_MASK) as usize,
         id as u32,
     )
 }
 
-/// The slot id a request's core tag carries: qpair generation, index and slot, so a wakeup
-/// for a request of a qpair that is gone (or whose index was reused) is recognised.
+/// The slot id a request's core tag carries: qpair generation (8 bits), index
+/// ([`TAG_QPAIR_BITS`]) and slot (32), so a wakeup for a request of a qpair that is gone (or
+/// whose index was reused) is recognised.
 pub fn tag_slot(gen: u8, qpair: usize, slot: u32) -> u64 {
-    (u64::from(gen) << 48) | (((qpair as u64) & 0xFFFF) << 32) | u64::from(slot)
+    debug_assert!(
+        qpair < MAX_QPAIRS,
+        "qpair index {qpair} has no tag of its own"
+    );
+    (u64::from(gen) << 48) | (((qpair as u64) & TAG_QPAIR_MASK) << 32) | u64::from(slot)
 }
 
 pub fn parse_tag_slot(s: u64) -> (u8, usize, u32) {
-    ((s >> 48) as u8, ((s >> 32) & 0xFFFF) as usize, s as u32)
+    (
+        (s >> 48) as u8,
+        ((s >> 32) & TAG_QPAIR_MASK) as usize,
+        s as u32,
+    )
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     #[test]
@@ -148,5 +209,28 @@ mod tests {
             assert_eq!(parse_wr_id(id), (kind, 200, 12345, 0xDEAD_BEEF));
         }
         assert_eq!(parse_tag_slot(tag_slot(7, 513, 99)), (7, 513, 99));
+    }
+
+    #[test]
+    fn every_qpair_index_up_to_the_maximum_has_its_own_ids() {
+        let last = MAX_QPAIRS - 1;
+        assert_eq!(parse_tag_slot(tag_slot(255, last, 7)), (255, last, 7));
+        assert_eq!(
+            parse_wr_id(wr_id(WrKind::Read, 255, last, 7)),
+            (WrKind::Read, 255, last, 7)
+        );
+        let tags: HashSet<u64> = (0..MAX_QPAIRS).map(|qi| tag_slot(3, qi, 9)).collect();
+        let wrs: HashSet<u64> = (0..MAX_QPAIRS)
+            .map(|qi| wr_id(WrKind::Send, 3, qi, 9))
+            .collect();
+        assert_eq!(tags.len(), MAX_QPAIRS);
+        assert_eq!(wrs.len(), MAX_QPAIRS);
+    }
+
+    #[test]
+    fn no_queue_depth_gives_a_slot_that_is_the_drain_marker() {
+        // Slots are numbered below `slots_for(depth)`, so below MAX_SLOTS and DRAIN_SLOT.
+        assert_eq!(slots_for(u16::MAX), 131_070);
+        assert!(slots_for(u16::MAX) <= MAX_SLOTS);
     }
 }
