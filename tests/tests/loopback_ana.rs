@@ -9,6 +9,7 @@
 //! with the path-related status Linux fails over on, never DNR.
 
 use nvmf_common::spec::command::{Command, DsmRange};
+use nvmf_common::spec::fabrics::{connect_offsets, parse_connect_invalid_param_dw0};
 use nvmf_common::spec::features::{
     parse_async_event_dw0, AsyncEventType, AsyncNotice, FeatureId, AEC_ANA_CHANGE,
     AEC_NAMESPACE_ATTRIBUTE,
@@ -516,4 +517,30 @@ fn a_removed_listener_leaves_its_controllers_no_access() {
     if let Some(r) = lab.try_wait(&a.io[0], 50) {
         assert_ne!(r.cqe.status(), Status::SUCCESS);
     }
+}
+
+/// SPDK's rule: with ANA reporting, an I/O queue comes through the listener of its
+/// controller's admin queue (whose ANA states it sees); through the other listener its
+/// Connect gets Connect Invalid Parameters at the QID. The controller keeps serving.
+#[test]
+fn an_io_queue_through_another_listener_than_its_admin_queue_is_refused() {
+    let mut lab = lab();
+    // No I/O queue yet: QID 1 is free and within the controller's maximum.
+    let a = linux_bring_up_via(&mut lab, NQN, 0, &path_a());
+    let q = lab.open_queue_via(path_b());
+    let r = lab.run(&q, connect_capsule(1, 1, 31, 0, a.cntlid, NQN, HOSTNQN));
+    assert_eq!(
+        r.cqe.status(),
+        Status::CONNECT_INVALID_PARAMETERS.with_dnr()
+    );
+    assert_eq!(
+        parse_connect_invalid_param_dw0(r.cqe.dw0.get()),
+        (false, connect_offsets::SQE_QID),
+        "the QID is the parameter at fault"
+    );
+    // The same queue through the admin queue's own listener is accepted and serves I/O.
+    let q = lab.open_queue_via(path_a());
+    let r = lab.run(&q, connect_capsule(1, 1, 31, 0, a.cntlid, NQN, HOSTNQN));
+    assert_eq!(r.cqe.status(), Status::SUCCESS);
+    expect_ok(&lab.run(&q, reading(Command::read(2, 1, 0, 1), BLOCK)));
 }

@@ -198,6 +198,14 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
     if ctrl.is_failed() || !ctrl.cc().en() {
         return req.fail(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
     }
+    // With ANA reporting a controller's states are those of the listener its admin queue came
+    // through: an I/O queue through another listener would see another path's state. SPDK
+    // refuses it the same way (Connect Invalid Parameters at the QID).
+    if config.ana_reporting && q.listener.is_some() && q.listener != ctrl.listener {
+        tracing::warn!(cntlid = ctrl.cntlid, subnqn = %config.nqn, io_listener = ?q.listener,
+            admin_listener = ?ctrl.listener, "I/O connect through another listener than the admin connect");
+        return invalid_param(req, false, off::SQE_QID);
+    }
     if qid > ctrl.max_io_qid.load(std::sync::atomic::Ordering::Relaxed) {
         // Beyond max_io_qpairs_per_ctrlr (or what Set Features Number of Queues granted):
         // Invalid Queue Identifier, as SPDK and nvmet answer, pointing at the SQE's QID.
