@@ -300,22 +300,24 @@ check_host final
 # 7. The userspace initiator through the same steps, the kernel host gone.
 lab_nvme_disconnect "$nqn"
 set_ana a "$port_a" optimized
-tgt_rpc a save_config >"$LAB_STATE/tgt-a-optimized.json"
+# writing NAME WHAT: fails with WHAT unless target NAME's write count grows within 2 s.
+writing() {
+    local w0 w1
+    w0=$(writes_of "$1")
+    sleep 2
+    w1=$(writes_of "$1")
+    [[ $w0 != - && $w1 != - ]] && ((w1 > w0)) ||
+        lab_fail "$2: writes on $1 $w0 -> $w1 (see $LAB_OUT/perf-multipath.json.err)"
+}
 # Runs until stopped with SIGINT after the last step (it then reports as usual).
 perf_secs=600
 perf_multipath_run "$nqn" "$LAB_ADDR0" "$port_a" "$port_b" "$perf_secs" "$LAB_OUT/perf-multipath.json"
 sleep "$step_secs"
-wa0=$(writes_of a)
-sleep 2
-wa1=$(writes_of a)
-[[ $wa0 != - && $wa1 != - ]] && ((wa1 > wa0)) || lab_fail "nvmf-perf does no I/O through A (optimized): $wa0 -> $wa1"
+writing a "nvmf-perf does no I/O through A (optimized)"
 set_ana a "$port_a" inaccessible
 lab_log "nvmf-perf: A set inaccessible"
 sleep "$step_secs"
-wb0=$(writes_of b)
-sleep 2
-wb1=$(writes_of b)
-((wb1 > wb0)) || lab_fail "nvmf-perf did not move to B when A went inaccessible: B $wb0 -> $wb1"
+writing b "nvmf-perf did not move to B when A went inaccessible"
 tgt_rpc a save_config >"$LAB_STATE/tgt-a.json"
 kill -KILL "${TGT_PID[a]}"
 wait "${TGT_PID[a]}" 2>/dev/null || true
@@ -328,11 +330,7 @@ sleep "$step_secs"
 set_ana a "$port_a" optimized
 lab_log "nvmf-perf: A optimized again (failback)"
 sleep "$step_secs"
-wa0=$(writes_of a)
-sleep 2
-wa1=$(writes_of a)
-[[ $wa0 != - && $wa1 != - ]] && ((wa1 > wa0)) ||
-    lab_fail "nvmf-perf did not fail back to A: A $wa0 -> $wa1 (see $LAB_OUT/perf-multipath.json.err)"
+writing a "nvmf-perf did not fail back to A"
 kill -INT "$PERF_MP_PID" || lab_fail "nvmf-perf is not running after the last step"
 # Not in a pipeline: the function waits for nvmf-perf, a child of this shell only.
 perf_multipath_finish "$LAB_OUT/perf-multipath.json" 0 >"$LAB_STATE/multipath.txt"
