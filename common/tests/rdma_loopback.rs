@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use nvmf_common::buffer::BufferPool;
 use nvmf_common::rdma::{
     register_pool, AccessFlags, CmEventKind, CmId, CompletionQueue, ConnParams, DeviceCapFlags,
-    DmaBuf, EventChannel, MemoryWindow, ProtectionDomain, QpCaps, QueuePair, RdmaError, RecvWr,
-    SendOp, SendWr, SharedReceiveQueue, WcOpcode, WcStatus, WorkCompletion,
+    DmaBuf, EventChannel, MemoryWindow, ProtectionDomain, QpCaps, QueuePair, RdmaError, RealVerbs,
+    RecvWr, SendOp, SendWr, SharedReceiveQueue, WcOpcode, WcStatus, WorkCompletion,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -151,7 +151,8 @@ fn loopback() {
     };
 
     // Client receive buffers (its own receive queue): two slots.
-    let mut crecv = DmaBuf::new(&client.pd, 2 * MSG, AccessFlags::LOCAL_WRITE).expect("crecv");
+    let mut crecv =
+        DmaBuf::<RealVerbs>::new(&client.pd, 2 * MSG, AccessFlags::LOCAL_WRITE).expect("crecv");
     crecv.fill(0);
     let slots = [crecv.sge(0, MSG).unwrap(), crecv.sge(MSG, MSG).unwrap()];
     client
@@ -211,7 +212,8 @@ fn loopback() {
         cq: scq,
         qp: sqp,
     };
-    let srecv = DmaBuf::new(&server.pd, 4 * MSG, AccessFlags::LOCAL_WRITE).expect("srecv");
+    let srecv =
+        DmaBuf::<RealVerbs>::new(&server.pd, 4 * MSG, AccessFlags::LOCAL_WRITE).expect("srecv");
     let sslots: Vec<_> = (0..4).map(|i| srecv.sge(i * MSG, MSG).unwrap()).collect();
     let rwrs: Vec<_> = (0..4)
         .map(|i| RecvWr::new(200 + i as u64, &sslots[i..i + 1]))
@@ -243,7 +245,8 @@ fn loopback() {
     assert_eq!(ev.id_context, 0x33);
 
     // SEND client -> server (registered), then an inline SEND.
-    let mut csend = DmaBuf::new(&client.pd, MSG, AccessFlags::LOCAL_WRITE).expect("csend");
+    let mut csend =
+        DmaBuf::<RealVerbs>::new(&client.pd, MSG, AccessFlags::LOCAL_WRITE).expect("csend");
     csend.write_at(0, b"capsule from the host");
     let sge = [csend.sge(0, 21).unwrap()];
     client
@@ -272,11 +275,12 @@ fn loopback() {
 
     // RDMA WRITE server -> client memory, then RDMA READ it back, in one batched post: an
     // unsignaled WRITE followed by a signaled READ (same QP, so ordered).
-    let mut cdata =
-        DmaBuf::new(&client.pd, 8192, AccessFlags::ALL_DATA).expect("client data buffer");
+    let mut cdata = DmaBuf::<RealVerbs>::new(&client.pd, 8192, AccessFlags::ALL_DATA)
+        .expect("client data buffer");
     cdata.fill(0);
     let (raddr, rkey) = (cdata.mr().remote_addr(0), cdata.mr().rkey());
-    let mut sdata = DmaBuf::new(&server.pd, 8192, AccessFlags::ALL_DATA).expect("server data");
+    let mut sdata =
+        DmaBuf::<RealVerbs>::new(&server.pd, 8192, AccessFlags::ALL_DATA).expect("server data");
     let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
     sdata.write_at(0, &pattern);
     let wsge = [sdata.sge(0, 4096).unwrap()];
@@ -302,8 +306,8 @@ fn loopback() {
 
     // A registered buffer pool: RDMA WRITE from a pool buffer, SEND the response.
     let pool = BufferPool::new(4096, 8).expect("pool");
-    register_pool(&server.pd, &pool, AccessFlags::ALL_DATA).expect("register pool");
-    assert!(register_pool(&server.pd, &pool, AccessFlags::ALL_DATA).is_err());
+    register_pool::<RealVerbs>(&server.pd, &pool, AccessFlags::ALL_DATA).expect("register pool");
+    assert!(register_pool::<RealVerbs>(&server.pd, &pool, AccessFlags::ALL_DATA).is_err());
     let mut buf = pool.get().expect("pool buffer");
     buf.as_mut_slice().fill(0x5a);
     let psge = [nvmf_common::rdma::Sge {
@@ -322,7 +326,8 @@ fn loopback() {
     assert!(in_client.iter().all(|&b| b == 0x5a));
 
     // SEND server -> client (client's own receive queue) with immediate data.
-    let mut ssend = DmaBuf::new(&server.pd, MSG, AccessFlags::LOCAL_WRITE).expect("ssend");
+    let mut ssend =
+        DmaBuf::<RealVerbs>::new(&server.pd, MSG, AccessFlags::LOCAL_WRITE).expect("ssend");
     ssend.write_at(0, b"response capsule");
     let sge = [ssend.sge(0, 16).unwrap()];
     server
@@ -369,7 +374,7 @@ fn loopback() {
             || dev_caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2A))
     {
         let mw = MemoryWindow::new(&client.pd).expect("alloc memory window");
-        let mut mwbuf = DmaBuf::new(
+        let mut mwbuf = DmaBuf::<RealVerbs>::new(
             &client.pd,
             4096,
             AccessFlags::ALL_DATA | AccessFlags::MW_BIND,

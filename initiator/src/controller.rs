@@ -839,7 +839,7 @@ impl Controller {
         } else {
             AccessFlags::ALL_DATA
         };
-        register_pool(&self.shared.pd, pool, access)
+        register_pool::<nvmf_common::rdma::RealVerbs>(&self.shared.pd, pool, access)
             .map_err(|e| Error::rdma("registering the buffer pool (raise `ulimit -l`?)", e))
     }
 

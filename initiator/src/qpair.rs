@@ -232,7 +232,7 @@ fn connect_queue(shared: &Shared, qid: u16, depth: u16) -> Result<RdmaQueue> {
     } else {
         AccessFlags::ALL_DATA
     };
-    let mut buf = DmaBuf::new(&shared.pd, cd.as_bytes().len(), access)
+    let mut buf: DmaBuf = DmaBuf::new(&shared.pd, cd.as_bytes().len(), access)
         .map_err(|e| Error::rdma("registering the Connect data", e))?;
     buf.write_at(0, cd.as_bytes());
     let sge = buf.sge(0, buf.len()).expect("whole buffer");

@@ -82,6 +82,13 @@ impl CmEventKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CmIdToken(usize);
 
+impl CmIdToken {
+    /// A token from a provider's own id numbering (the simulated fabric's).
+    pub fn from_raw(raw: usize) -> Self {
+        Self(raw)
+    }
+}
+
 /// Connection parameters the peer sent, from the event's `rdma_conn_param`. For a connect
 /// request they are from our point of view (the peer's initiator depth is our responder
 /// resources and vice versa, already swapped by the kernel).
@@ -98,7 +105,7 @@ pub struct ConnEventParams {
 
 /// A CM event, copied out of librdmacm and already acknowledged.
 #[derive(Debug)]
-pub struct CmEvent {
+pub struct CmEvent<I = CmId> {
     pub kind: CmEventKind,
     /// 0, or a negative errno / transport-specific status (e.g. the reject reason).
     pub status: i32,
@@ -111,7 +118,7 @@ pub struct CmEvent {
     pub id_context: u64,
     /// For a connect request: the new connection's id, to accept or reject (dropping it
     /// rejects the connection).
-    pub new_id: Option<CmId>,
+    pub new_id: Option<I>,
     /// Private data from the peer's connect, accept or reject message. On InfiniBand and
     /// RoCE the transport pads it to its fixed size, so it may be longer than what was
     /// sent.

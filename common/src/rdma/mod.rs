@@ -45,6 +45,7 @@ pub mod mw;
 pub mod pd;
 pub mod qp;
 pub mod srq;
+pub mod verbs;
 pub mod wr;
 
 /// The raw bindings, for `as_raw()` users.
@@ -57,11 +58,15 @@ pub use device::{
     PortState, Transport,
 };
 pub use error::{RdmaError, Result};
-pub use mr::{register_pool, AccessFlags, DmaBuf, MemoryRegion};
+pub use mr::{register_pool, AccessFlags, DeviceMemory, DmaBuf, MemoryRegion};
 pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use qp::{QpCaps, QueuePair};
 pub use srq::SharedReceiveQueue;
+pub use verbs::{
+    RealVerbs, Verbs, VerbsChannel, VerbsCmId, VerbsContext, VerbsCq, VerbsMr, VerbsPd, VerbsQp,
+    VerbsSrq,
+};
 pub use wr::{MwBind, Payload, RecvWr, SendOp, SendWr, Sge, MAX_CHAIN};
 
 // rdma-sys writes the structs with unions in Rust by hand (`types.rs`) instead of generating

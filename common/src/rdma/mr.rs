@@ -15,6 +15,7 @@ use std::sync::Arc;
 use super::error::{errno_from_ret, last_errno, RdmaError, Result};
 use super::pd::ProtectionDomain;
 use super::sys;
+use super::verbs::{RealVerbs, Verbs, VerbsMr};
 use super::wr::Sge;
 
 /// Access rights of a registration (`enum ibv_access_flags`).
@@ -55,6 +56,99 @@ impl BitOr for AccessFlags {
 impl fmt::Debug for AccessFlags {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "AccessFlags({:#x})", self.0)
+    }
+}
+
+/// Memory the caller declared device-accessible: `len` bytes at `addr`, kept alive by
+/// `owner`. Building one is the unsafe step (see [`DeviceMemory::new`]); registering it with a
+/// provider ([`Verbs::register`](super::verbs::Verbs::register)) is then safe. The copies
+/// are crate-internal: only the verbs layer (the simulated NIC, [`DmaBuf`]) moves bytes
+/// through it, never safe code outside this crate.
+#[derive(Clone)]
+pub struct DeviceMemory {
+    addr: NonNull<u8>,
+    len: usize,
+    owner: Arc<dyn Any + Send + Sync>,
+}
+
+// SAFETY: a pointer plus an `Arc` of thread-safe ownership; the bytes are only touched through
+// raw copies whose callers uphold the sharing discipline of `DeviceMemory::new`.
+unsafe impl Send for DeviceMemory {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for DeviceMemory {}
+
+impl DeviceMemory {
+    /// # Safety
+    ///
+    /// - `addr..addr + len` must be valid, readable and writable memory for as long as
+    ///   `owner` is alive (every clone and registration keeps `owner` alive).
+    /// - While a registration of it exists the device may read or write those bytes
+    ///   whenever a work request that names them is outstanding. The owner must treat the
+    ///   memory as shared with the device: it must not hold Rust references to bytes a posted
+    ///   work request may access, and hands each buffer to one user at a time (this is what a
+    ///   buffer pool's ownership of its `IoBuf`s provides).
+    pub unsafe fn new(
+        addr: *mut u8,
+        len: usize,
+        owner: Arc<dyn Any + Send + Sync>,
+    ) -> Result<Self> {
+        let addr = NonNull::new(addr).ok_or(RdmaError::InvalidArgument("null memory region"))?;
+        if len == 0 {
+            return Err(RdmaError::InvalidArgument("empty memory region"));
+        }
+        Ok(Self { addr, len, owner })
+    }
+
+    pub fn addr(&self) -> *mut u8 {
+        self.addr.as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn owner(&self) -> &Arc<dyn Any + Send + Sync> {
+        &self.owner
+    }
+
+    fn in_bounds(&self, offset: usize, len: usize) -> bool {
+        offset.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+
+    /// Copies `src` into the memory at `offset`; `false` (nothing copied) when out of bounds.
+    #[allow(dead_code)] // used by the simulated fabric
+    pub(crate) fn copy_in(&self, offset: usize, src: &[u8]) -> bool {
+        if !self.in_bounds(offset, src.len()) {
+            return false;
+        }
+        // SAFETY: in bounds, and the memory is alive (`owner`). `ptr::copy` tolerates overlap;
+        // no Rust reference to these bytes exists per the contract of `new` (the caller is
+        // the device side, moving bytes a work request names).
+        unsafe { std::ptr::copy(src.as_ptr(), self.addr.as_ptr().add(offset), src.len()) };
+        true
+    }
+
+    /// Copies `out.len()` bytes at `offset` out; `false` (nothing copied) when out of bounds.
+    pub(crate) fn copy_out(&self, offset: usize, out: &mut [u8]) -> bool {
+        if !self.in_bounds(offset, out.len()) {
+            return false;
+        }
+        // SAFETY: as in `copy_in`, reading.
+        unsafe { std::ptr::copy(self.addr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        true
+    }
+}
+
+impl fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceMemory")
+            .field("addr", &self.addr)
+            .field("len", &self.len)
+            .finish()
     }
 }
 
@@ -115,6 +209,17 @@ impl MemoryRegion {
             pd: pd.clone(),
             owner,
         })
+    }
+
+    /// Registers `mem` with `ibv_reg_mr` (its unsafe contract was discharged when it was
+    /// built).
+    pub fn register(
+        pd: &Arc<ProtectionDomain>,
+        mem: DeviceMemory,
+        access: AccessFlags,
+    ) -> Result<Self> {
+        // SAFETY: `DeviceMemory::new`'s contract is this function's.
+        unsafe { Self::register_raw(pd, mem.addr(), mem.len, access, mem.owner) }
     }
 
     /// Local key: goes into scatter entries of local work requests.
@@ -212,8 +317,8 @@ impl Drop for MemoryRegion {
 /// Registers the whole region of `pool` on `pd` and stores the registration in the pool, so
 /// every buffer it hands out carries the region's keys. A pool is registered once (with one
 /// PD); a second call fails.
-pub fn register_pool(
-    pd: &Arc<ProtectionDomain>,
+pub fn register_pool<V: Verbs>(
+    pd: &Arc<V::Pd>,
     pool: &crate::buffer::BufferPool,
     access: AccessFlags,
 ) -> Result<()> {
@@ -223,7 +328,8 @@ pub fn register_pool(
     // the `owner` here is only a placeholder because an `Arc` of the pool would be a cycle.
     // The pool lends each buffer to exactly one `IoBuf` at a time, which is the sharing
     // discipline the contract asks for.
-    let mr = unsafe { MemoryRegion::register_raw(pd, addr, len, access, Arc::new(()))? };
+    let mem = unsafe { DeviceMemory::new(addr, len, Arc::new(()))? };
+    let mr = V::register(pd, mem, access)?;
     let (lkey, rkey) = (mr.lkey(), mr.rkey());
     // Stored as an `Arc` so users can find the region again from a buffer
     // (`IoBuf::registration`), e.g. to bind memory windows over it.
@@ -254,17 +360,18 @@ impl Drop for AlignedAlloc {
 /// The device may write it at any time a work request naming it is outstanding, so it never
 /// hands out references to its bytes; [`DmaBuf::read_at`] and [`DmaBuf::write_at`] copy.
 /// The data path uses the registered buffer pool instead.
-pub struct DmaBuf {
+pub struct DmaBuf<V: Verbs = RealVerbs> {
     /// Shared only to keep the memory alive (a memory window bound to it holds a clone);
     /// `DmaBuf` stays the only CPU accessor.
-    mr: Arc<MemoryRegion>,
+    mr: Arc<V::Mr>,
+    mem: DeviceMemory,
 }
 
-impl DmaBuf {
+impl<V: Verbs> DmaBuf<V> {
     const ALIGN: usize = 4096;
 
     /// Allocates `len` zeroed bytes (page aligned) and registers them on `pd`.
-    pub fn new(pd: &Arc<ProtectionDomain>, len: usize, access: AccessFlags) -> Result<Self> {
+    pub fn new(pd: &Arc<V::Pd>, len: usize, access: AccessFlags) -> Result<Self> {
         if len == 0 {
             return Err(RdmaError::InvalidArgument("empty DMA buffer"));
         }
@@ -275,22 +382,27 @@ impl DmaBuf {
         let ptr = NonNull::new(ptr).unwrap_or_else(|| alloc::handle_alloc_error(layout));
         let owner = Arc::new(AlignedAlloc { ptr, layout });
         // SAFETY: the allocation is `len` valid bytes, freed only when `owner` (held by the
-        // region) drops. Nothing else knows the pointer: `DmaBuf` only copies in and out
-        // through raw pointers, so no Rust reference aliases the device's accesses.
-        let mr = unsafe { MemoryRegion::register_raw(pd, ptr.as_ptr(), len, access, owner)? };
-        Ok(Self { mr: Arc::new(mr) })
+        // memory and its registration) drops. Nothing else knows the pointer: `DmaBuf` only
+        // copies in and out through raw pointers, so no Rust reference aliases the device's
+        // accesses.
+        let mem = unsafe { DeviceMemory::new(ptr.as_ptr(), len, owner)? };
+        let mr = V::register(pd, mem.clone(), access)?;
+        Ok(Self {
+            mr: Arc::new(mr),
+            mem,
+        })
     }
 
-    pub fn mr(&self) -> &Arc<MemoryRegion> {
+    pub fn mr(&self) -> &Arc<V::Mr> {
         &self.mr
     }
 
     pub fn len(&self) -> usize {
-        self.mr.len()
+        self.mem.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.mr.is_empty()
+        self.mem.is_empty()
     }
 
     /// Scatter entry covering `len` bytes at `offset`.
@@ -300,40 +412,30 @@ impl DmaBuf {
 
     /// Copies `data` into the buffer at `offset`. Panics when out of bounds.
     pub fn write_at(&mut self, offset: usize, data: &[u8]) {
-        assert!(
-            self.mr.contains(offset, data.len()),
-            "DmaBuf write out of bounds"
-        );
-        // SAFETY: in bounds (checked); `&mut self` excludes concurrent CPU access, and the
-        // source is a distinct Rust slice, so the ranges do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.mr.addr().add(offset), data.len())
-        };
+        // `&mut self` excludes concurrent CPU access.
+        assert!(self.mem.copy_in(offset, data), "DmaBuf write out of bounds");
     }
 
     /// Copies `out.len()` bytes at `offset` out of the buffer. Panics when out of bounds.
     pub fn read_at(&self, offset: usize, out: &mut [u8]) {
-        assert!(
-            self.mr.contains(offset, out.len()),
-            "DmaBuf read out of bounds"
-        );
-        // SAFETY: in bounds (checked); CPU writers need `&mut self`, so none runs now; the
-        // destination is a distinct Rust slice.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.mr.addr().add(offset), out.as_mut_ptr(), out.len())
-        };
+        assert!(self.mem.copy_out(offset, out), "DmaBuf read out of bounds");
     }
 
     /// Fills the whole buffer with `byte`.
     pub fn fill(&mut self, byte: u8) {
-        // SAFETY: the allocation is `len` bytes; `&mut self` excludes other CPU access.
-        unsafe { std::ptr::write_bytes(self.mr.addr(), byte, self.mr.len()) };
+        let chunk = [byte; 256];
+        let mut off = 0;
+        while off < self.len() {
+            let n = chunk.len().min(self.len() - off);
+            self.mem.copy_in(off, &chunk[..n]);
+            off += n;
+        }
     }
 }
 
-impl fmt::Debug for DmaBuf {
+impl<V: Verbs> fmt::Debug for DmaBuf<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DmaBuf").field("mr", &self.mr).finish()
+        f.debug_struct("DmaBuf").field("mem", &self.mem).finish()
     }
 }
 

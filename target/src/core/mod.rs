@@ -98,6 +98,21 @@ pub(crate) struct GroupSubsystem {
     pub namespaces: HashMap<u32, GroupNamespace>,
 }
 
+/// Where a core's time comes from: the system's monotonic clock, or a simulation's.
+enum Clock {
+    System(Instant),
+    Virtual(Arc<AtomicU64>),
+}
+
+impl Clock {
+    fn now_ms(&self) -> u64 {
+        match self {
+            Clock::System(start) => start.elapsed().as_millis() as u64,
+            Clock::Virtual(ms) => ms.load(Ordering::Relaxed),
+        }
+    }
+}
+
 pub struct CoreCtx {
     pub group: usize,
     pub info: Arc<TargetInfo>,
@@ -110,7 +125,7 @@ pub struct CoreCtx {
     draining: Vec<GroupNamespace>,
     wakeups: Vec<(ReqTag, Wakeup)>,
     pub(crate) aux_pool: Option<BufferPool>,
-    clock: Instant,
+    clock: Clock,
     now_ms: u64,
     /// A queue with no controller this long after the core first saw it is disconnected: a
     /// connection that never sends Connect (or only failed ones) holds no resources for good.
@@ -137,7 +152,7 @@ impl CoreCtx {
             draining: Vec::new(),
             wakeups: Vec::with_capacity(256),
             aux_pool: None,
-            clock: Instant::now(),
+            clock: Clock::System(Instant::now()),
             now_ms: 0,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             transfer_timeout_ms: TRANSFER_TIMEOUT_MS,
@@ -155,6 +170,13 @@ impl CoreCtx {
         }
         let since = *q.unconnected_since_ms.get_or_insert(self.now_ms);
         self.now_ms.saturating_sub(since) >= self.connect_timeout_ms
+    }
+
+    /// Runs this core on virtual time: milliseconds read from `ms` each turn (a simulated
+    /// fabric's clock), so timers fire when the simulation says, the same on every run.
+    pub fn use_virtual_clock(&mut self, ms: Arc<AtomicU64>) {
+        self.clock = Clock::Virtual(ms);
+        self.now_ms = self.clock.now_ms();
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -495,7 +517,7 @@ impl CoreCtx {
 
     /// Polls bdev channels, retries refused I/O and runs timers. Returns work done.
     pub fn poll(&mut self) -> usize {
-        self.now_ms = self.clock.elapsed().as_millis() as u64;
+        self.now_ms = self.clock.now_ms();
         let mut work = 0;
         let wakeups = &mut self.wakeups;
         for sub in self.subsystems.values_mut() {

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use nvmf_common::buffer::{SizedPools, SMALL_BUFSIZE};
 use nvmf_common::rdma::{
-    register_pool, AccessFlags, CompletionQueue, Context, DeviceCapFlags, DmaBuf, ProtectionDomain,
-    RecvWr, Sge, SharedReceiveQueue, MAX_CHAIN,
+    register_pool, AccessFlags, DeviceCapFlags, DmaBuf, RecvWr, Sge, Verbs, VerbsContext, VerbsSrq,
+    MAX_CHAIN,
 };
 use nvmf_common::spec::Command;
 use zerocopy::FromBytes;
@@ -27,11 +27,11 @@ const CQ_ENTRIES: u32 = 16_384;
 const MIN_DATA_BUFFERS: u32 = 64;
 const MAX_DATA_BUFFERS: u32 = 1024;
 
-pub struct DeviceResources {
-    pub ctx: Arc<Context>,
-    pub pd: Arc<ProtectionDomain>,
-    pub cq: Arc<CompletionQueue>,
-    pub srq: Arc<SharedReceiveQueue>,
+pub struct DeviceResources<V: Verbs> {
+    pub ctx: Arc<V::Context>,
+    pub pd: Arc<V::Pd>,
+    pub cq: Arc<V::Cq>,
+    pub srq: Arc<V::Srq>,
     /// Data buffers in two classes (small: up to 8 KiB, large: up to max_io_size).
     pub pools: SizedPools,
     /// The device may complete SEND with remote invalidation of the host's key.
@@ -39,21 +39,20 @@ pub struct DeviceResources {
     pub max_qp_wr: u32,
     pub max_rd_atom: u8,
     pub max_init_rd_atom: u8,
-    recv_cmds: DmaBuf,
-    recv_data: Option<DmaBuf>,
+    recv_cmds: DmaBuf<V>,
+    recv_data: Option<DmaBuf<V>>,
     in_capsule: u32,
     /// Receive slots consumed and ready to be posted again, posted in batches.
     repost: Vec<u32>,
 }
 
-impl DeviceResources {
-    pub fn new(ctx: Arc<Context>, opts: &TransportOptions) -> Result<Self, String> {
+impl<V: Verbs> DeviceResources<V> {
+    pub fn new(ctx: Arc<V::Context>, opts: &TransportOptions) -> Result<Self, String> {
         let attr = ctx.query_device().map_err(|e| e.to_string())?;
-        let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
+        let pd = V::alloc_pd(&ctx).map_err(|e| e.to_string())?;
         let srq_depth = opts.max_srq_depth.min(attr.max_srq_wr).max(16);
-        let cq =
-            CompletionQueue::new(&ctx, CQ_ENTRIES.min(attr.max_cqe)).map_err(|e| e.to_string())?;
-        let srq = SharedReceiveQueue::new(&pd, srq_depth, 2).map_err(|e| e.to_string())?;
+        let cq = V::create_cq(&ctx, CQ_ENTRIES.min(attr.max_cqe)).map_err(|e| e.to_string())?;
+        let srq = V::create_srq(&pd, srq_depth, 2).map_err(|e| e.to_string())?;
         let in_capsule = opts.in_capsule_data_size;
         let recv_cmds = DmaBuf::new(&pd, srq_depth as usize * SQE_LEN, AccessFlags::LOCAL_WRITE)
             .map_err(|e| e.to_string())?;
@@ -78,7 +77,7 @@ impl DeviceResources {
         let pools =
             SizedPools::new(SMALL_BUFSIZE, count, buf_size, count).map_err(|e| e.to_string())?;
         for pool in [&pools.small, &pools.large] {
-            register_pool(&pd, pool, AccessFlags::LOCAL_WRITE).map_err(|e| {
+            register_pool::<V>(&pd, pool, AccessFlags::LOCAL_WRITE).map_err(|e| {
                 format!(
                     "{e} (registering {} MiB of data buffers; raise `ulimit -l`)",
                     (pool.buf_size() * count as usize) >> 20
@@ -107,14 +106,14 @@ impl DeviceResources {
             repost: (0..srq_depth).collect(),
         };
         dev.flush_reposts()?;
-        tracing::info!(device = %dev.ctx.device().name, srq_depth, data_buffers = count,
+        tracing::info!(device = %dev.ctx.device_name(), srq_depth, data_buffers = count,
             buffer_size = buf_size, huge_pages = dev.pools.large.uses_huge_pages(),
             send_with_invalidate, "RDMA device ready");
         Ok(dev)
     }
 
-    pub fn same_device(&self, ctx: &Context) -> bool {
-        self.ctx.as_raw() == ctx.as_raw()
+    pub fn same_device(&self, ctx: &V::Context) -> bool {
+        self.ctx.same_device(ctx)
     }
 
     /// The SQE that arrived in receive slot `slot`.

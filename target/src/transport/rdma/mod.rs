@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nvmf_common::rdma::{CmEvent, CmEventKind, CmId, CmIdToken, EventChannel};
+use nvmf_common::rdma::{
+    CmEvent, CmEventKind, CmIdToken, RealVerbs, Verbs, VerbsChannel, VerbsCmId,
+};
 use nvmf_common::spec::rdma_cm::{RdmaCmReject, RdmaCmRejectStatus, RdmaCmRequest, RDMA_CM_RECFMT};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -33,8 +35,8 @@ mod wait_queue;
 pub use poll_group::RdmaPollGroup;
 
 /// A connect request that passed validation, on its way to a reactor.
-pub struct NewConnection {
-    pub id: CmId,
+pub struct NewConnection<V: Verbs = RealVerbs> {
+    pub id: V::CmId,
     pub qid: u16,
     /// Queue entries: the host's HSQSIZE + 1.
     pub depth: u16,
@@ -51,25 +53,56 @@ struct GroupEntry {
     load: Arc<AtomicUsize>,
 }
 
-struct Shared {
+struct Shared<V: Verbs> {
     opts: TransportOptions,
     limits: TransportLimits,
-    channel: EventChannel,
-    listeners: Mutex<HashMap<ListenAddress, CmId>>,
+    channel: V::Channel,
+    listeners: Mutex<HashMap<ListenAddress, V::CmId>>,
     groups: Mutex<Vec<GroupEntry>>,
     stop: AtomicBool,
 }
 
-pub struct RdmaTransport {
-    shared: Arc<Shared>,
-    acceptor: Mutex<Option<JoinHandle<()>>>,
+/// Who runs the CM acceptor loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcceptorMode {
+    /// Its own thread (`nvmf-rdma-acceptor`), as in production.
+    Thread,
+    /// The caller, one turn at a time through [`RdmaTransport::acceptor_turn`]: a test driving
+    /// a simulated fabric deterministically from one thread.
+    Driven,
 }
 
-impl RdmaTransport {
+/// What the acceptor loop keeps between events: which reactor owns each connection, and
+/// where the next admin queue goes.
+#[derive(Default)]
+struct AcceptorState {
+    owners: HashMap<CmIdToken, (PollGroupHandle, u8)>,
+    next_admin_group: usize,
+}
+
+pub struct RdmaTransport<V: Verbs = RealVerbs> {
+    shared: Arc<Shared<V>>,
+    acceptor: Mutex<Option<JoinHandle<()>>>,
+    /// The acceptor's state in [`AcceptorMode::Driven`].
+    driven: Mutex<AcceptorState>,
+}
+
+impl RdmaTransport<RealVerbs> {
     pub fn new(opts: TransportOptions) -> Result<Self, String> {
+        Self::with_verbs(RealVerbs, opts, AcceptorMode::Thread)
+    }
+}
+
+impl<V: Verbs> RdmaTransport<V> {
+    /// The transport over the verbs provider `verbs`.
+    pub fn with_verbs(
+        verbs: V,
+        opts: TransportOptions,
+        mode: AcceptorMode,
+    ) -> Result<Self, String> {
         opts.validate()?;
         refuse_unhonoured(&opts)?;
-        let channel = EventChannel::new().map_err(|e| {
+        let channel = verbs.event_channel().map_err(|e| {
             format!("cannot open an RDMA CM event channel: {e}; run `nvmf-doctor` to diagnose")
         })?;
         let shared = Arc::new(Shared {
@@ -80,21 +113,40 @@ impl RdmaTransport {
             groups: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
         });
-        let thread = {
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name("nvmf-rdma-acceptor".into())
-                .spawn(move || acceptor(&shared))
-                .map_err(|e| e.to_string())?
+        let thread = match mode {
+            AcceptorMode::Thread => {
+                let shared = Arc::clone(&shared);
+                Some(
+                    std::thread::Builder::new()
+                        .name("nvmf-rdma-acceptor".into())
+                        .spawn(move || acceptor(&shared))
+                        .map_err(|e| e.to_string())?,
+                )
+            }
+            AcceptorMode::Driven => None,
         };
         Ok(Self {
             shared,
-            acceptor: Mutex::new(Some(thread)),
+            acceptor: Mutex::new(thread),
+            driven: Mutex::new(AcceptorState::default()),
         })
+    }
+
+    /// One turn of the acceptor in [`AcceptorMode::Driven`]: handles the CM events pending
+    /// now (waiting up to `timeout` for the first). Returns how many it handled.
+    pub fn acceptor_turn(&self, timeout: Duration) -> usize {
+        let mut state = self.driven.lock().unwrap_or_else(|e| e.into_inner());
+        let mut handled = 0;
+        let mut wait = timeout;
+        while acceptor_turn(&self.shared, &mut state, wait) {
+            handled += 1;
+            wait = Duration::ZERO;
+        }
+        handled
     }
 }
 
-impl Drop for RdmaTransport {
+impl<V: Verbs> Drop for RdmaTransport<V> {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self
@@ -156,7 +208,7 @@ fn socket_addr(addr: &ListenAddress) -> Result<SocketAddr, String> {
     Ok(SocketAddr::new(ip, port))
 }
 
-impl Transport for RdmaTransport {
+impl<V: Verbs> Transport for RdmaTransport<V> {
     fn trtype(&self) -> &'static str {
         "RDMA"
     }
@@ -195,7 +247,7 @@ impl Transport for RdmaTransport {
                 let (ctx, tidx) = (Arc::clone(&ctx), g.transport_index);
                 g.handle.send(move |pg| {
                     pg.with_transport(usize::from(tidx), |t, _core| {
-                        if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup>() {
+                        if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() {
                             rdma.prepare_device(ctx);
                         }
                     });
@@ -237,7 +289,7 @@ impl Transport for RdmaTransport {
                 transport_index: index,
                 load: Arc::clone(&load),
             });
-        Ok(Box::new(RdmaPollGroup::new(
+        Ok(Box::new(RdmaPollGroup::<V>::new(
             index,
             self.shared.opts.clone(),
             self.shared.limits,
@@ -247,60 +299,64 @@ impl Transport for RdmaTransport {
 }
 
 /// The acceptor loop: CM events until the transport is dropped.
-fn acceptor(shared: &Shared) {
-    let mut owners: HashMap<CmIdToken, (PollGroupHandle, u8)> = HashMap::new();
-    let mut next_admin_group = 0usize;
+fn acceptor<V: Verbs>(shared: &Shared<V>) {
+    let mut state = AcceptorState::default();
     while !shared.stop.load(Ordering::Acquire) {
-        let event = match shared.channel.next_event(Duration::from_millis(100)) {
-            Ok(Some(e)) => e,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::error!("RDMA CM event channel failed: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-                continue;
-            }
-        };
-        match event.kind {
-            CmEventKind::ConnectRequest => {
-                on_connect_request(shared, event, &mut owners, &mut next_admin_group);
-            }
-            kind => {
-                let Some((handle, tidx)) = owners.get(&event.id).cloned() else {
-                    continue;
-                };
-                if matches!(
-                    kind,
-                    CmEventKind::TimewaitExit
-                        | CmEventKind::Disconnected
-                        | CmEventKind::DeviceRemoval
-                ) {
-                    owners.remove(&event.id);
-                }
-                let token = event.id;
-                handle.send(move |pg| {
-                    pg.with_transport(usize::from(tidx), |t, core| {
-                        if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup>() {
-                            rdma.on_cm_event(token, kind, core);
-                        }
-                    });
-                });
-            }
-        }
+        acceptor_turn(shared, &mut state, Duration::from_millis(100));
     }
 }
 
-pub(super) fn reject(id: &CmId, status: RdmaCmRejectStatus) {
+/// Waits up to `timeout` for one CM event and handles it; false when none came.
+fn acceptor_turn<V: Verbs>(
+    shared: &Shared<V>,
+    state: &mut AcceptorState,
+    timeout: Duration,
+) -> bool {
+    let event = match shared.channel.next_event(timeout) {
+        Ok(Some(e)) => e,
+        Ok(None) => return false,
+        Err(e) => {
+            tracing::error!("RDMA CM event channel failed: {e}");
+            std::thread::sleep(timeout.min(Duration::from_millis(100)));
+            return false;
+        }
+    };
+    match event.kind {
+        CmEventKind::ConnectRequest => on_connect_request(shared, event, state),
+        kind => {
+            let Some((handle, tidx)) = state.owners.get(&event.id).cloned() else {
+                return true;
+            };
+            if matches!(
+                kind,
+                CmEventKind::TimewaitExit | CmEventKind::Disconnected | CmEventKind::DeviceRemoval
+            ) {
+                state.owners.remove(&event.id);
+            }
+            let token = event.id;
+            handle.send(move |pg| {
+                pg.with_transport(usize::from(tidx), |t, core| {
+                    if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() {
+                        rdma.on_cm_event(token, kind, core);
+                    }
+                });
+            });
+        }
+    }
+    true
+}
+
+pub(super) fn reject<I: VerbsCmId<V>, V: Verbs>(id: &I, status: RdmaCmRejectStatus) {
     let rej = RdmaCmReject::new(status);
     if let Err(e) = id.reject(rej.as_bytes()) {
         tracing::warn!("rdma_reject failed: {e}");
     }
 }
 
-fn on_connect_request(
-    shared: &Shared,
-    mut event: CmEvent,
-    owners: &mut HashMap<CmIdToken, (PollGroupHandle, u8)>,
-    next_admin_group: &mut usize,
+fn on_connect_request<V: Verbs>(
+    shared: &Shared<V>,
+    mut event: CmEvent<V::CmId>,
+    state: &mut AcceptorState,
 ) {
     let Some(id) = event.new_id.take() else {
         return;
@@ -310,10 +366,10 @@ fn on_connect_request(
         .map_or_else(|| "unknown".to_string(), |a| a.to_string());
     let Ok((req, _)) = RdmaCmRequest::read_from_prefix(&event.private_data) else {
         tracing::warn!(%peer, len = event.private_data.len(), "connect without NVMe-oF private data");
-        return reject(&id, RdmaCmRejectStatus::INVALID_PRIVATE_DATA_LENGTH);
+        return reject::<_, V>(&id, RdmaCmRejectStatus::INVALID_PRIVATE_DATA_LENGTH);
     };
     if req.recfmt.get() != RDMA_CM_RECFMT {
-        return reject(&id, RdmaCmRejectStatus::INVALID_RECFMT);
+        return reject::<_, V>(&id, RdmaCmRejectStatus::INVALID_RECFMT);
     }
     let qid = req.qid.get();
     let depth = u32::from(req.hsqsize.get()) + 1;
@@ -324,10 +380,10 @@ fn on_connect_request(
     };
     if depth < 2 || depth > u32::from(limit) {
         tracing::warn!(%peer, qid, depth, limit, "connect with an unsupported queue size");
-        return reject(&id, RdmaCmRejectStatus::INVALID_HSQSIZE);
+        return reject::<_, V>(&id, RdmaCmRejectStatus::INVALID_HSQSIZE);
     }
     if u32::from(req.hrqsize.get()) < depth {
-        return reject(&id, RdmaCmRejectStatus::INVALID_HRQSIZE);
+        return reject::<_, V>(&id, RdmaCmRejectStatus::INVALID_HRQSIZE);
     }
     let listener = event.listen_id.and_then(|token| {
         let listeners = shared.listeners.lock().unwrap_or_else(|e| e.into_inner());
@@ -338,11 +394,11 @@ fn on_connect_request(
     });
     let groups = shared.groups.lock().unwrap_or_else(|e| e.into_inner());
     if groups.is_empty() {
-        return reject(&id, RdmaCmRejectStatus::NO_RESOURCES);
+        return reject::<_, V>(&id, RdmaCmRejectStatus::NO_RESOURCES);
     }
     let chosen = if qid == 0 {
-        *next_admin_group = (*next_admin_group + 1) % groups.len();
-        *next_admin_group
+        state.next_admin_group = (state.next_admin_group + 1) % groups.len();
+        state.next_admin_group
     } else {
         (0..groups.len())
             .min_by_key(|&i| groups[i].load.load(Ordering::Relaxed))
@@ -351,7 +407,7 @@ fn on_connect_request(
     let entry = &groups[chosen];
     let (handle, tidx) = (entry.handle.clone(), entry.transport_index);
     drop(groups);
-    owners.insert(id.token(), (handle.clone(), tidx));
+    state.owners.insert(id.token(), (handle.clone(), tidx));
     let conn = NewConnection {
         id,
         qid,
@@ -363,7 +419,7 @@ fn on_connect_request(
     };
     handle.send(move |pg| {
         pg.with_transport(usize::from(tidx), move |t, _core| {
-            let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup>() else {
+            let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() else {
                 return;
             };
             let (peer, qid) = (conn.peer.clone(), conn.qid);

@@ -1,19 +1,17 @@
 //! One reactor's share of the RDMA transport: its devices' CQs and SRQs, its qpairs, and the
 //! FIFOs of requests waiting for a resource. Everything here runs on the reactor thread.
 
-use std::any::Any;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
 use nvmf_common::rdma::{
-    AccessFlags, CmEventKind, CmIdToken, ConnParams, DmaBuf, QpCaps, SendWr, WcStatus,
-    WorkCompletion,
+    AccessFlags, CmEventKind, CmIdToken, ConnParams, DmaBuf, QpCaps, RealVerbs, SendWr, Verbs,
+    VerbsCmId, VerbsContext, VerbsCq, VerbsQp, WcStatus, WorkCompletion,
 };
 use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmRejectStatus};
 use nvmf_common::spec::sgl::SglKind;
 use nvmf_common::spec::Status;
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use zerocopy::IntoBytes;
 
 use super::device::DeviceResources;
@@ -33,16 +31,17 @@ use crate::transport::options::TransportOptions;
 use crate::transport::{TransportLimits, TransportPollGroup};
 
 const POLL_BATCH: usize = 32;
-/// How long a closing qpair waits for its flushed work requests before it is destroyed anyway.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long (ms) a closing qpair waits for its flushed work requests before it is destroyed
+/// anyway.
+const DRAIN_TIMEOUT_MS: u64 = 2_000;
 
-pub struct RdmaPollGroup {
+pub struct RdmaPollGroup<V: Verbs = RealVerbs> {
     index: u8,
     opts: TransportOptions,
     limits: TransportLimits,
     load: Arc<AtomicUsize>,
-    devices: Vec<DeviceResources>,
-    qpairs: Vec<Option<Qpair>>,
+    devices: Vec<DeviceResources<V>>,
+    qpairs: Vec<Option<Qpair<V>>>,
     gens: Vec<u8>,
     by_qp_num: HashMap<u32, usize>,
     by_token: HashMap<CmIdToken, usize>,
@@ -54,7 +53,7 @@ pub struct RdmaPollGroup {
     now_ms: u64,
 }
 
-impl RdmaPollGroup {
+impl<V: Verbs> RdmaPollGroup<V> {
     pub fn new(
         index: u8,
         opts: TransportOptions,
@@ -79,7 +78,7 @@ impl RdmaPollGroup {
         }
     }
 
-    fn device_for(&mut self, ctx: Arc<nvmf_common::rdma::Context>) -> Result<usize, String> {
+    fn device_for(&mut self, ctx: Arc<V::Context>) -> Result<usize, String> {
         if let Some(i) = self.devices.iter().position(|d| d.same_device(&ctx)) {
             return Ok(i);
         }
@@ -88,7 +87,7 @@ impl RdmaPollGroup {
     }
 
     /// Builds this reactor's resources for a device ahead of its first connection.
-    pub fn prepare_device(&mut self, ctx: Arc<nvmf_common::rdma::Context>) {
+    pub fn prepare_device(&mut self, ctx: Arc<V::Context>) {
         if let Err(e) = self.device_for(ctx) {
             tracing::warn!(
                 "cannot prepare RDMA device resources (the first connect will retry): {e}; run `nvmf-doctor` to diagnose"
@@ -98,9 +97,9 @@ impl RdmaPollGroup {
 
     /// Creates the QP for a new connection on this reactor and accepts it. On failure the
     /// dropped CM id rejects the connection.
-    pub fn add_connection(&mut self, conn: NewConnection) -> Result<(), String> {
-        let refuse = |e: String, conn: &NewConnection| {
-            super::reject(&conn.id, RdmaCmRejectStatus::NO_RESOURCES);
+    pub fn add_connection(&mut self, conn: NewConnection<V>) -> Result<(), String> {
+        let refuse = |e: String, conn: &NewConnection<V>| {
+            super::reject::<_, V>(&conn.id, RdmaCmRejectStatus::NO_RESOURCES);
             e
         };
         // First, so a full group wastes no QP on a connection it refuses. An index claimed
@@ -129,8 +128,9 @@ impl RdmaPollGroup {
             .id
             .create_qp(&dev.pd, &dev.cq, &dev.cq, Some(&dev.srq), caps)
             .map_err(|e| refuse(e.to_string(), &conn))?;
-        let responses = DmaBuf::new(&dev.pd, slots as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
-            .map_err(|e| refuse(e.to_string(), &conn))?;
+        let responses =
+            DmaBuf::<V>::new(&dev.pd, slots as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
+                .map_err(|e| refuse(e.to_string(), &conn))?;
         let gen = self.gens[qi];
         let requests = (0..slots)
             .map(|s| RdmaRequest::new(Request::new(ReqTag::new(self.index, tag_slot(gen, qi, s)))))
@@ -464,7 +464,7 @@ impl RdmaPollGroup {
         if qp.closing.is_some() {
             return;
         }
-        qp.closing = Some(Instant::now());
+        qp.closing = Some(core.now_ms());
         let _ = qp.cm_id.disconnect();
         core.queue_closed(&mut qp.state);
         let dev = &mut self.devices[qp.dev];
@@ -513,7 +513,7 @@ impl RdmaPollGroup {
                 continue;
             }
             let Some(since) = qp.closing else { continue };
-            let timed_out = since.elapsed() > DRAIN_TIMEOUT;
+            let timed_out = core.now_ms().saturating_sub(since) > DRAIN_TIMEOUT_MS;
             let wire_done = (qp.drained && qp.signaled == 0) || timed_out;
             let executing = qp.requests.iter().any(|r| r.state == State::Executing);
             if !wire_done || executing {
@@ -537,7 +537,7 @@ impl RdmaPollGroup {
     }
 }
 
-impl TransportPollGroup for RdmaPollGroup {
+impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
     fn poll(&mut self, core: &mut CoreCtx) -> usize {
         self.now_ms = core.now_ms();
         let mut work = 0;
@@ -607,7 +607,7 @@ impl TransportPollGroup for RdmaPollGroup {
             .iter()
             .map(|d| {
                 serde_json::json!({
-                    "name": d.ctx.device().name,
+                    "name": d.ctx.device_name(),
                     "polls": 0,
                     "idle_polls": 0,
                     "completions": 0,

@@ -1,9 +1,7 @@
 //! One RDMA connection on a reactor: its QP, its request slots and response buffers, and the
 //! send queue accounting; plus how a poll group hands out qpair indexes.
 
-use std::time::Instant;
-
-use nvmf_common::rdma::{CmIdToken, DmaBuf, RdmaError, SendWr, Sge};
+use nvmf_common::rdma::{CmIdToken, DmaBuf, RdmaError, SendWr, Sge, Verbs, VerbsQp};
 use zerocopy::IntoBytes;
 
 use super::request::{wr_id, HostData, RdmaRequest, State, WrKind, MAX_QPAIRS};
@@ -13,26 +11,27 @@ use crate::core::request::DataDirection;
 
 pub(super) const CQE_LEN: usize = 16;
 
-pub(super) struct Qpair {
+pub(super) struct Qpair<V: Verbs> {
     pub gen: u8,
     pub dev: usize,
     // Field order is drop order. The QP is destroyed before its CM id, and before `requests`:
     // an `Abandoned` request's buffer may be the source of an RDMA WRITE still on the send
     // queue, and only destroying the QP guarantees the NIC no longer reads it. Likewise
     // `responses`, which posted SENDs read. Keep `qp` first.
-    pub qp: nvmf_common::rdma::QueuePair,
-    pub cm_id: nvmf_common::rdma::CmId,
+    pub qp: V::Qp,
+    pub cm_id: V::CmId,
     pub token: CmIdToken,
     pub state: QueueState,
     pub requests: Vec<RdmaRequest>,
-    pub responses: DmaBuf,
+    pub responses: DmaBuf<V>,
     pub sq_capacity: u32,
     pub sq_used: u32,
     pub reads_in_flight: u32,
     pub max_reads: u32,
     /// SENDs and READs posted signaled and not completed yet.
     pub signaled: u32,
-    pub closing: Option<Instant>,
+    /// The core's clock (ms) when the close started.
+    pub closing: Option<u64>,
     pub drained: bool,
     pub send_with_invalidate: bool,
     /// A post on this QP failed. `try_send` has no core context to close the qpair with, so
@@ -40,7 +39,7 @@ pub(super) struct Qpair {
     pub broken: bool,
 }
 
-impl RequestSlots for Qpair {
+impl<V: Verbs> RequestSlots for Qpair<V> {
     fn generation(&self) -> u8 {
         self.gen
     }
@@ -134,7 +133,12 @@ pub(super) enum SendOutcome {
 }
 
 /// Posts the response (and the read data before it) if the send queue has room.
-pub(super) fn try_send(qi: usize, qp: &mut Qpair, si: u32, now_ms: u64) -> SendOutcome {
+pub(super) fn try_send<V: Verbs>(
+    qi: usize,
+    qp: &mut Qpair<V>,
+    si: u32,
+    now_ms: u64,
+) -> SendOutcome {
     if qp.broken {
         return SendOutcome::Failed;
     }

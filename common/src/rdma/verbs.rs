@@ -1,0 +1,396 @@
+//! The verbs interface the RDMA transports are written against, with two providers: the real
+//! one over rdma-sys ([`RealVerbs`], whose object types are this module's siblings) and the
+//! in-process simulated fabric (`sim`, behind the `sim` feature).
+//!
+//! Dispatch is static: product types are generic over `V: Verbs`, and the real provider's
+//! associated types *are* [`Context`], [`ProtectionDomain`], [`MemoryRegion`], ... with each
+//! trait method forwarding to the inherent one (`#[inline]`), so `RdmaPollGroup<RealVerbs>`
+//! compiles to the same code it was before the trait existed.
+//!
+//! The provider is a value (a simulated fabric names its host), but only constructors without
+//! a parent object need it ([`Verbs::event_channel`]); everything else is reached through the
+//! parent handle, which the provider's types carry.
+//!
+//! Shared vocabulary stays concrete and common to both providers: [`Sge`], [`SendWr`],
+//! [`RecvWr`], [`WorkCompletion`], [`QpCaps`], [`ConnParams`], [`CmEvent`], [`DeviceAttr`],
+//! [`AccessFlags`] and [`RdmaError`]. Memory window binds ([`SendWr::bind_mw`]) name the
+//! real provider's window and region and exist only there.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::cm::{CmEvent, CmEventKind, CmId, CmIdToken, ConnParams, EventChannel};
+use super::cq::{CompletionQueue, WorkCompletion};
+use super::device::{Context, DeviceAttr};
+use super::error::Result;
+use super::mr::{AccessFlags, DeviceMemory, MemoryRegion};
+use super::pd::ProtectionDomain;
+use super::qp::{QpCaps, QueuePair};
+use super::srq::SharedReceiveQueue;
+use super::wr::{RecvWr, SendWr, Sge};
+
+/// A verbs provider: the object types it makes, and the constructors that take no parent.
+pub trait Verbs: Clone + Send + Sync + 'static {
+    type Context: VerbsContext;
+    type Pd: VerbsPd<Self>;
+    type Mr: VerbsMr;
+    type Cq: VerbsCq;
+    type Srq: VerbsSrq;
+    type Qp: VerbsQp;
+    type Channel: VerbsChannel<Self>;
+    type CmId: VerbsCmId<Self>;
+
+    /// A new RDMA CM event channel (`rdma_create_event_channel`).
+    fn event_channel(&self) -> Result<Self::Channel>;
+    /// `ibv_alloc_pd`.
+    fn alloc_pd(ctx: &Arc<Self::Context>) -> Result<Arc<Self::Pd>>;
+    /// `ibv_create_cq` with at least `cqe` entries and no completion channel.
+    fn create_cq(ctx: &Arc<Self::Context>, cqe: u32) -> Result<Arc<Self::Cq>>;
+    /// `ibv_create_srq` for at least `max_wr` receives of up to `max_sge` entries.
+    fn create_srq(pd: &Arc<Self::Pd>, max_wr: u32, max_sge: u32) -> Result<Arc<Self::Srq>>;
+    /// Registers memory the caller made device-accessible ([`DeviceMemory::new`] carries the
+    /// unsafe contract, so registering is safe).
+    fn register(pd: &Arc<Self::Pd>, mem: DeviceMemory, access: AccessFlags) -> Result<Self::Mr>;
+}
+
+/// An open device.
+pub trait VerbsContext: Send + Sync + 'static {
+    fn query_device(&self) -> Result<DeviceAttr>;
+    fn device_name(&self) -> String;
+    /// Linux's software RoCE (rxe), whose quirks both ends work around.
+    fn is_soft_roce(&self) -> bool;
+    /// Whether two handles name the same open device.
+    fn same_device(&self, other: &Self) -> bool;
+}
+
+pub trait VerbsPd<V: Verbs>: Send + Sync + 'static {
+    fn context(&self) -> &Arc<V::Context>;
+}
+
+/// A registration: keys and the I/O virtual address range they cover.
+pub trait VerbsMr: Send + Sync + 'static {
+    fn lkey(&self) -> u32;
+    fn rkey(&self) -> u32;
+    /// I/O virtual address of the first byte (what SGEs and remote addresses are made of).
+    fn iova(&self) -> u64;
+    fn len(&self) -> usize;
+    fn access(&self) -> AccessFlags;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `offset..offset + len` lies inside the region.
+    fn contains(&self, offset: usize, len: usize) -> bool {
+        offset.checked_add(len).is_some_and(|end| end <= self.len())
+    }
+
+    /// A scatter entry for `len` bytes at `offset`, or `None` when out of bounds or longer
+    /// than a work request can carry.
+    fn sge(&self, offset: usize, len: usize) -> Option<Sge> {
+        if !self.contains(offset, len) {
+            return None;
+        }
+        Some(Sge {
+            addr: self.iova() + offset as u64,
+            length: u32::try_from(len).ok()?,
+            lkey: self.lkey(),
+        })
+    }
+
+    /// The address a peer uses to reach `offset` (with [`Self::rkey`]).
+    fn remote_addr(&self, offset: usize) -> u64 {
+        self.iova() + offset as u64
+    }
+}
+
+pub trait VerbsCq: Send + Sync + 'static {
+    /// Takes up to `out.len()` completions, oldest first.
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
+}
+
+pub trait VerbsSrq: Send + Sync + 'static {
+    /// Posts receives; on failure the requests before the reported index were posted.
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()>;
+}
+
+pub trait VerbsQp: Send + Sync + 'static {
+    /// Posts a chain; on failure (`RdmaError::PostSend { index }`) the requests before
+    /// `index` were posted.
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()>;
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()>;
+    fn qp_num(&self) -> u32;
+    fn caps(&self) -> QpCaps;
+}
+
+pub trait VerbsChannel<V: Verbs>: Send + Sync + 'static {
+    fn create_id(&self) -> Result<V::CmId>;
+    /// The next event if one is pending, without blocking.
+    fn get_event(&self) -> Result<Option<CmEvent<V::CmId>>>;
+    /// Waits up to `timeout` for the next event.
+    fn next_event(&self, timeout: Duration) -> Result<Option<CmEvent<V::CmId>>>;
+    /// Waits for the next event and requires it to be `expected` with status 0.
+    fn wait_event(&self, expected: CmEventKind, timeout: Duration) -> Result<CmEvent<V::CmId>>;
+}
+
+pub trait VerbsCmId<V: Verbs>: Send + Sync + 'static {
+    fn bind_addr(&self, addr: SocketAddr) -> Result<()>;
+    fn listen(&self, backlog: i32) -> Result<()>;
+    fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, t: Duration) -> Result<()>;
+    fn resolve_route(&self, timeout: Duration) -> Result<()>;
+    /// The device the id is bound to.
+    fn context(&self) -> Result<Arc<V::Context>>;
+    fn create_qp(
+        &self,
+        pd: &Arc<V::Pd>,
+        send_cq: &Arc<V::Cq>,
+        recv_cq: &Arc<V::Cq>,
+        srq: Option<&Arc<V::Srq>>,
+        caps: QpCaps,
+    ) -> Result<V::Qp>;
+    fn accept(&self, params: &ConnParams<'_>) -> Result<()>;
+    fn reject(&self, private_data: &[u8]) -> Result<()>;
+    fn connect(&self, params: &ConnParams<'_>) -> Result<()>;
+    /// Moves the QP to the error state and tells the peer.
+    fn disconnect(&self) -> Result<()>;
+    fn peer_addr(&self) -> Option<SocketAddr>;
+    /// This id's identity in events.
+    fn token(&self) -> CmIdToken;
+}
+
+/// The real provider: libibverbs and librdmacm through rdma-sys.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RealVerbs;
+
+impl Verbs for RealVerbs {
+    type Context = Context;
+    type Pd = ProtectionDomain;
+    type Mr = MemoryRegion;
+    type Cq = CompletionQueue;
+    type Srq = SharedReceiveQueue;
+    type Qp = QueuePair;
+    type Channel = EventChannel;
+    type CmId = CmId;
+
+    #[inline]
+    fn event_channel(&self) -> Result<EventChannel> {
+        EventChannel::new()
+    }
+
+    #[inline]
+    fn alloc_pd(ctx: &Arc<Context>) -> Result<Arc<ProtectionDomain>> {
+        ProtectionDomain::new(ctx)
+    }
+
+    #[inline]
+    fn create_cq(ctx: &Arc<Context>, cqe: u32) -> Result<Arc<CompletionQueue>> {
+        CompletionQueue::new(ctx, cqe)
+    }
+
+    #[inline]
+    fn create_srq(
+        pd: &Arc<ProtectionDomain>,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<Arc<SharedReceiveQueue>> {
+        SharedReceiveQueue::new(pd, max_wr, max_sge)
+    }
+
+    #[inline]
+    fn register(
+        pd: &Arc<ProtectionDomain>,
+        mem: DeviceMemory,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        MemoryRegion::register(pd, mem, access)
+    }
+}
+
+impl VerbsContext for Context {
+    #[inline]
+    fn query_device(&self) -> Result<DeviceAttr> {
+        Context::query_device(self)
+    }
+
+    fn device_name(&self) -> String {
+        self.device().name
+    }
+
+    fn is_soft_roce(&self) -> bool {
+        Context::is_soft_roce(self)
+    }
+
+    fn same_device(&self, other: &Self) -> bool {
+        self.as_raw() == other.as_raw()
+    }
+}
+
+impl VerbsPd<RealVerbs> for ProtectionDomain {
+    #[inline]
+    fn context(&self) -> &Arc<Context> {
+        ProtectionDomain::context(self)
+    }
+}
+
+impl VerbsMr for MemoryRegion {
+    #[inline]
+    fn lkey(&self) -> u32 {
+        MemoryRegion::lkey(self)
+    }
+
+    #[inline]
+    fn rkey(&self) -> u32 {
+        MemoryRegion::rkey(self)
+    }
+
+    #[inline]
+    fn iova(&self) -> u64 {
+        self.addr() as u64
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        MemoryRegion::len(self)
+    }
+
+    #[inline]
+    fn access(&self) -> AccessFlags {
+        MemoryRegion::access(self)
+    }
+}
+
+impl VerbsCq for CompletionQueue {
+    #[inline]
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        CompletionQueue::poll(self, out)
+    }
+}
+
+impl VerbsSrq for SharedReceiveQueue {
+    #[inline]
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        SharedReceiveQueue::post_recv(self, wrs)
+    }
+}
+
+impl VerbsQp for QueuePair {
+    #[inline]
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        QueuePair::post_send(self, wrs)
+    }
+
+    #[inline]
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        QueuePair::post_recv(self, wrs)
+    }
+
+    #[inline]
+    fn qp_num(&self) -> u32 {
+        QueuePair::qp_num(self)
+    }
+
+    #[inline]
+    fn caps(&self) -> QpCaps {
+        QueuePair::caps(self)
+    }
+}
+
+impl VerbsChannel<RealVerbs> for EventChannel {
+    fn create_id(&self) -> Result<CmId> {
+        EventChannel::create_id(self)
+    }
+
+    fn get_event(&self) -> Result<Option<CmEvent>> {
+        EventChannel::get_event(self)
+    }
+
+    fn next_event(&self, timeout: Duration) -> Result<Option<CmEvent>> {
+        EventChannel::next_event(self, timeout)
+    }
+
+    fn wait_event(&self, expected: CmEventKind, timeout: Duration) -> Result<CmEvent> {
+        EventChannel::wait_event(self, expected, timeout)
+    }
+}
+
+impl VerbsCmId<RealVerbs> for CmId {
+    fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
+        CmId::bind_addr(self, addr)
+    }
+
+    fn listen(&self, backlog: i32) -> Result<()> {
+        CmId::listen(self, backlog)
+    }
+
+    fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, t: Duration) -> Result<()> {
+        CmId::resolve_addr(self, src, dst, t)
+    }
+
+    fn resolve_route(&self, timeout: Duration) -> Result<()> {
+        CmId::resolve_route(self, timeout)
+    }
+
+    fn context(&self) -> Result<Arc<Context>> {
+        CmId::context(self)
+    }
+
+    fn create_qp(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        srq: Option<&Arc<SharedReceiveQueue>>,
+        caps: QpCaps,
+    ) -> Result<QueuePair> {
+        CmId::create_qp(self, pd, send_cq, recv_cq, srq, caps)
+    }
+
+    fn accept(&self, params: &ConnParams<'_>) -> Result<()> {
+        CmId::accept(self, params)
+    }
+
+    fn reject(&self, private_data: &[u8]) -> Result<()> {
+        CmId::reject(self, private_data)
+    }
+
+    fn connect(&self, params: &ConnParams<'_>) -> Result<()> {
+        CmId::connect(self, params)
+    }
+
+    fn disconnect(&self) -> Result<()> {
+        CmId::disconnect(self)
+    }
+
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        CmId::peer_addr(self)
+    }
+
+    fn token(&self) -> CmIdToken {
+        CmId::token(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real provider's types are the verbs layer's own: nothing is wrapped or boxed, so
+    /// generic product code monomorphises to what it was before the trait.
+    #[test]
+    fn the_real_provider_is_the_concrete_verbs_layer() {
+        fn same<A: 'static, B: 'static>() -> bool {
+            std::any::TypeId::of::<A>() == std::any::TypeId::of::<B>()
+        }
+        type R = RealVerbs;
+        assert!(same::<<R as Verbs>::Context, Context>());
+        assert!(same::<<R as Verbs>::Pd, ProtectionDomain>());
+        assert!(same::<<R as Verbs>::Mr, MemoryRegion>());
+        assert!(same::<<R as Verbs>::Cq, CompletionQueue>());
+        assert!(same::<<R as Verbs>::Srq, SharedReceiveQueue>());
+        assert!(same::<<R as Verbs>::Qp, QueuePair>());
+        assert!(same::<<R as Verbs>::Channel, EventChannel>());
+        assert!(same::<<R as Verbs>::CmId, CmId>());
+        assert_eq!(std::mem::size_of::<RealVerbs>(), 0);
+    }
+}
