@@ -18,7 +18,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::cm::{CmEvent, CmEventKind, CmId, CmIdToken, ConnParams, EventChannel};
 use super::cq::{CompletionQueue, WorkCompletion};
@@ -52,6 +52,18 @@ pub trait Verbs: Clone + Send + Sync + 'static {
     /// Registers memory the caller made device-accessible ([`DeviceMemory::new`] carries the
     /// unsafe contract, so registering is safe).
     fn register(pd: &Arc<Self::Pd>, mem: DeviceMemory, access: AccessFlags) -> Result<Self::Mr>;
+
+    /// The clock deadlines are measured on: the system's, or a simulation's virtual time
+    /// (as an `Instant` offset from a fixed base, so types do not change).
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    /// Where a caller with nothing to do waits: the system sleeps, a simulation runs its
+    /// scheduler instead.
+    fn sleep(&self, d: Duration) {
+        std::thread::sleep(d)
+    }
 }
 
 /// An open device.

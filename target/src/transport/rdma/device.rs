@@ -44,14 +44,36 @@ pub struct DeviceResources<V: Verbs> {
     in_capsule: u32,
     /// Receive slots consumed and ready to be posted again, posted in batches.
     repost: Vec<u32>,
+    srq_depth: u32,
+    /// Receive slots on the SRQ now.
+    recv_posted: u32,
+    /// Entries of the CQ, and how many of them the SRQ and the QPs on it may fill at once
+    /// (the SRQ's depth plus each QP's send queue). A connection that would push the sum past
+    /// the capacity is refused: an overrun CQ breaks every QP on the device.
+    pub cq_capacity: u32,
+    pub cq_reserved: u32,
+    /// Polling the CQ failed (an overrun or a device error): every qpair on it is closed and
+    /// the device's resources are rebuilt once the last one is gone.
+    pub failed: bool,
 }
 
 impl<V: Verbs> DeviceResources<V> {
     pub fn new(ctx: Arc<V::Context>, opts: &TransportOptions) -> Result<Self, String> {
         let attr = ctx.query_device().map_err(|e| e.to_string())?;
         let pd = V::alloc_pd(&ctx).map_err(|e| e.to_string())?;
-        let srq_depth = opts.max_srq_depth.min(attr.max_srq_wr).max(16);
-        let cq = V::create_cq(&ctx, CQ_ENTRIES.min(attr.max_cqe)).map_err(|e| e.to_string())?;
+        let cq_capacity = CQ_ENTRIES.min(attr.max_cqe);
+        // Half the CQ at most for receives, so connections have room for their sends.
+        let srq_depth = opts
+            .max_srq_depth
+            .min(attr.max_srq_wr)
+            .min(cq_capacity / 2)
+            .max(16);
+        if cq_capacity < srq_depth * 2 {
+            return Err(format!(
+                "the device's completion queues hold {cq_capacity} entries, too few for a receive queue of {srq_depth}"
+            ));
+        }
+        let cq = V::create_cq(&ctx, cq_capacity).map_err(|e| e.to_string())?;
         let srq = V::create_srq(&pd, srq_depth, 2).map_err(|e| e.to_string())?;
         let in_capsule = opts.in_capsule_data_size;
         let recv_cmds = DmaBuf::new(&pd, srq_depth as usize * SQE_LEN, AccessFlags::LOCAL_WRITE)
@@ -104,6 +126,11 @@ impl<V: Verbs> DeviceResources<V> {
             recv_data,
             in_capsule,
             repost: (0..srq_depth).collect(),
+            srq_depth,
+            recv_posted: 0,
+            cq_capacity,
+            cq_reserved: srq_depth,
+            failed: false,
         };
         dev.flush_reposts()?;
         tracing::info!(device = %dev.ctx.device_name(), srq_depth, data_buffers = count,
@@ -130,6 +157,17 @@ impl<V: Verbs> DeviceResources<V> {
             let base = slot as usize * self.in_capsule as usize + offset as usize;
             data.read_at(base, out);
         }
+    }
+
+    /// A receive completed (successfully or flushed): its slot left the SRQ.
+    pub fn received(&mut self) {
+        self.recv_posted = self.recv_posted.saturating_sub(1);
+    }
+
+    /// Receive slots neither on the SRQ nor waiting to be reposted: held by requests
+    /// (in-capsule data not consumed yet).
+    pub fn recv_slots_held(&self) -> u32 {
+        self.srq_depth - self.recv_posted - self.repost.len() as u32
     }
 
     pub fn repost(&mut self, slot: u32) {
@@ -166,6 +204,7 @@ impl<V: Verbs> DeviceResources<V> {
                 RecvWr::new(wr_id(WrKind::Recv, 0, 0, slot), &sges[i][..sge_count])
             });
             self.srq.post_recv(&chain[..n]).map_err(|e| e.to_string())?;
+            self.recv_posted += n as u32;
             self.repost.truncate(start);
         }
         Ok(())

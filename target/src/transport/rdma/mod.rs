@@ -32,7 +32,7 @@ mod qpair;
 mod request;
 mod wait_queue;
 
-pub use poll_group::RdmaPollGroup;
+pub use poll_group::{PollGroupResources, RdmaPollGroup};
 
 /// A connect request that passed validation, on its way to a reactor.
 pub struct NewConnection<V: Verbs = RealVerbs> {

@@ -80,6 +80,11 @@ impl<V: Verbs> RdmaPollGroup<V> {
 
     fn device_for(&mut self, ctx: Arc<V::Context>) -> Result<usize, String> {
         if let Some(i) = self.devices.iter().position(|d| d.same_device(&ctx)) {
+            if self.devices[i].failed {
+                return Err(
+                    "the device's completion queue failed; its resources are being rebuilt".into(),
+                );
+            }
             return Ok(i);
         }
         self.devices.push(DeviceResources::new(ctx, &self.opts)?);
@@ -124,6 +129,15 @@ impl<V: Verbs> RdmaPollGroup<V> {
             max_recv_sge: 0,
             max_inline_data: 0,
         };
+        // Every send WR may complete (flushes complete unsignaled ones too): reserve room for
+        // all of them on the shared CQ, or refuse the connection rather than risk an overrun.
+        if dev.cq_reserved + caps.max_send_wr > dev.cq_capacity {
+            let e = format!(
+                "the completion queue ({} entries) has no room for another {} send work requests",
+                dev.cq_capacity, caps.max_send_wr
+            );
+            return Err(refuse(e, &conn));
+        }
         let qp = conn
             .id
             .create_qp(&dev.pd, &dev.cq, &dev.cq, Some(&dev.srq), caps)
@@ -145,7 +159,9 @@ impl<V: Verbs> RdmaPollGroup<V> {
         let max_reads = u32::from(params.initiator_depth.max(1));
         conn.id.accept(&params).map_err(|e| e.to_string())?;
         let sq_capacity = qp.caps().max_send_wr;
+        let cq_share = sq_capacity.max(caps.max_send_wr);
         let send_with_invalidate = dev.send_with_invalidate;
+        self.devices[dev_index].cq_reserved += cq_share;
         let token = conn.id.token();
         self.by_qp_num.insert(qp.qp_num(), qi);
         self.by_token.insert(token, qi);
@@ -160,6 +176,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             requests,
             responses,
             sq_capacity,
+            cq_share,
             sq_used: 0,
             reads_in_flight: 0,
             max_reads,
@@ -197,7 +214,15 @@ impl<V: Verbs> RdmaPollGroup<V> {
             let n = match self.devices[d].cq.poll(&mut self.wcs) {
                 Ok(n) => n,
                 Err(e) => {
-                    tracing::error!("polling the completion queue failed: {e}");
+                    if !self.devices[d].failed {
+                        tracing::error!("polling the completion queue failed: {e}; closing every qpair on the device and rebuilding its resources");
+                        self.devices[d].failed = true;
+                        for qi in 0..self.qpairs.len() {
+                            if self.qpairs[qi].as_ref().is_some_and(|q| q.dev == d) {
+                                self.start_close(qi, core);
+                            }
+                        }
+                    }
                     return total;
                 }
             };
@@ -262,6 +287,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
     }
 
     fn on_recv(&mut self, d: usize, recv: u32, wc: &WorkCompletion, core: &mut CoreCtx) {
+        self.devices[d].received();
         let qi = self.by_qp_num.get(&wc.qp_num()).copied();
         let usable = wc.status().is_success()
             && qi.is_some_and(|qi| {
@@ -528,11 +554,67 @@ impl<V: Verbs> RdmaPollGroup<V> {
                     dev.repost(recv);
                 }
             }
+            dev.cq_reserved -= qp.cq_share;
             self.by_qp_num.remove(&qp.qp.qp_num());
             self.by_token.remove(&qp.token);
             self.gens[qi] = self.gens[qi].wrapping_add(1);
             self.load.fetch_sub(1, Ordering::Relaxed);
             tracing::debug!(peer = %qp.state.peer, "RDMA qpair destroyed");
+            let d = qp.dev;
+            drop(qp);
+            self.rebuild_if_failed(d);
+        }
+    }
+
+    /// Replaces a failed device's CQ, SRQ, receive buffers and pools once no qpair uses them.
+    fn rebuild_if_failed(&mut self, d: usize) {
+        if !self.devices[d].failed || self.qpairs.iter().flatten().any(|q| q.dev == d) {
+            return;
+        }
+        let ctx = Arc::clone(&self.devices[d].ctx);
+        match DeviceResources::new(ctx, &self.opts) {
+            Ok(fresh) => {
+                tracing::info!("RDMA device resources rebuilt after a completion queue failure");
+                self.devices[d] = fresh;
+            }
+            Err(e) => tracing::error!("rebuilding RDMA device resources failed: {e}"),
+        }
+    }
+}
+
+/// What a poll group holds right now, for checks that nothing leaks once it is idle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollGroupResources {
+    pub qpairs: usize,
+    /// Request slots not free, over all qpairs.
+    pub requests_in_use: usize,
+    /// Data buffers out of their pools, over all devices.
+    pub buffers_out: usize,
+    /// SRQ receive slots held by requests, over all devices.
+    pub recv_slots_held: u32,
+    /// Entries in the three wait queues (stale ones included until they are dropped).
+    pub waiting: usize,
+}
+
+impl<V: Verbs> RdmaPollGroup<V> {
+    pub fn resources(&self) -> PollGroupResources {
+        let live = self.qpairs.iter().flatten();
+        PollGroupResources {
+            qpairs: live.clone().count(),
+            requests_in_use: live
+                .flat_map(|q| &q.requests)
+                .filter(|r| r.state != State::Free)
+                .count(),
+            buffers_out: self
+                .devices
+                .iter()
+                .map(|d| {
+                    let (s, l) = (&d.pools.small, &d.pools.large);
+                    (s.count() as usize - s.available()) + (l.count() as usize - l.available())
+                })
+                .sum(),
+            recv_slots_held: self.devices.iter().map(|d| d.recv_slots_held()).sum(),
+            waiting: self.need_buffer.len() + self.need_read.len() + self.need_send.len(),
         }
     }
 }

@@ -25,6 +25,8 @@ pub(super) struct Qpair<V: Verbs> {
     pub requests: Vec<RdmaRequest>,
     pub responses: DmaBuf<V>,
     pub sq_capacity: u32,
+    /// CQ entries reserved for this QP's sends on its device.
+    pub cq_share: u32,
     pub sq_used: u32,
     pub reads_in_flight: u32,
     pub max_reads: u32,

@@ -61,6 +61,10 @@ impl WaitQueue {
         self.entries.push_back(w);
     }
 
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
