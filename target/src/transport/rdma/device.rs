@@ -55,6 +55,10 @@ pub struct DeviceResources<V: Verbs> {
     /// Polling the CQ failed (an overrun or a device error): every qpair on it is closed and
     /// the device's resources are rebuilt once the last one is gone.
     pub failed: bool,
+    /// Data buffers one qpair may hold per class (small, large): a quarter of the pool, at
+    /// least 16, so a host that stops taking its data cannot pin a whole pool and at least
+    /// four qpairs always make progress.
+    pub share: [u32; 2],
 }
 
 impl<V: Verbs> DeviceResources<V> {
@@ -131,6 +135,7 @@ impl<V: Verbs> DeviceResources<V> {
             cq_capacity,
             cq_reserved: srq_depth,
             failed: false,
+            share: [(count / 4).max(16).min(count); 2],
         };
         dev.flush_reposts()?;
         tracing::info!(device = %dev.ctx.device_name(), srq_depth, data_buffers = count,

@@ -1,6 +1,7 @@
 //! One reactor's share of the RDMA transport: its devices' CQs and SRQs, its qpairs, and the
 //! FIFOs of requests waiting for a resource. Everything here runs on the reactor thread.
 
+use nvmf_common::buffer::BufClass;
 use nvmf_common::rdma::{
     AccessFlags, CmEventKind, CmIdToken, ConnParams, DmaBuf, QpCaps, RealVerbs, SendWr, Verbs,
     VerbsCmId, VerbsContext, VerbsCq, VerbsQp, WcStatus, WorkCompletion,
@@ -31,6 +32,13 @@ use crate::transport::options::TransportOptions;
 use crate::transport::{TransportLimits, TransportPollGroup};
 
 const POLL_BATCH: usize = 32;
+
+fn class_index(class: BufClass) -> usize {
+    match class {
+        BufClass::Small => 0,
+        BufClass::Large => 1,
+    }
+}
 /// How long (ms) a closing qpair waits for its flushed work requests before it is destroyed
 /// anyway.
 const DRAIN_TIMEOUT_MS: u64 = 2_000;
@@ -177,6 +185,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             responses,
             sq_capacity,
             cq_share,
+            held: [0; 2],
             sq_used: 0,
             reads_in_flight: 0,
             max_reads,
@@ -263,7 +272,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 } else if let Some(r) = qp.requests.get_mut(slot as usize) {
                     if r.state == State::Sending {
                         qp.sq_used = qp.sq_used.saturating_sub(wrs_of(r));
-                        release(r);
+                        release(&mut qp.held, r);
                     }
                 }
             }
@@ -276,7 +285,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
                         if ok && qp.closing.is_none() {
                             return self.execute(qi, slot, core);
                         }
-                        release(r);
+                        release(&mut qp.held, r);
                     }
                 }
             }
@@ -356,20 +365,36 @@ impl<V: Verbs> RdmaPollGroup<V> {
         }
     }
 
-    /// Gives waiting requests data buffers, oldest first, and moves them on.
+    /// Gives waiting requests data buffers, oldest first, and moves them on. A request whose
+    /// qpair already holds its share of that class, or whose class's pool is empty, waits
+    /// without blocking the ones behind it.
     fn serve_buffers(&mut self, core: &mut CoreCtx) -> usize {
         let mut n = 0;
-        while let Some((w, qp)) = self.need_buffer.current_at(0, &mut self.qpairs) {
+        let mut i = 0;
+        let mut exhausted = [false; 2];
+        while let Some((w, qp)) = self.need_buffer.current_at(i, &mut self.qpairs) {
             let (qi, si) = (w.qpair, w.slot);
             // `current_at` checked that the slot exists.
             let r = &mut qp.requests[si as usize];
             let dev = &mut self.devices[qp.dev];
             let class = dev.pools.class_of(r.req.len as usize);
+            let ci = class_index(class);
+            if exhausted[ci] || qp.held[ci] >= dev.share[ci] {
+                i += 1;
+                continue;
+            }
             let Some(mut buf) = dev.pools.get(class) else {
-                break;
+                exhausted[ci] = true;
+                if exhausted == [true; 2] {
+                    break;
+                }
+                i += 1;
+                continue;
             };
-            self.need_buffer.remove(0);
+            self.need_buffer.remove(i);
             n += 1;
+            qp.held[ci] += 1;
+            r.buf_class = Some(ci as u8);
             buf.set_len(r.req.len as usize);
             let dir = r.req.dir;
             match (dir, r.host) {
@@ -503,7 +528,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 if let Some(recv) = r.recv.take() {
                     dev.repost(recv);
                 }
-                release(r);
+                release(&mut qp.held, r);
             }
         }
         let marker = SendWr::send(wr_id(WrKind::Send, qp.gen, qi, DRAIN_SLOT), &[]);
@@ -656,7 +681,7 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
         }
         if core.resume(&mut qp.state, &mut r.req, wakeup) == Exec::Complete {
             if qp.closing.is_some() {
-                release(r);
+                release(&mut qp.held, r);
             } else {
                 self.queue_response(qi, si);
             }

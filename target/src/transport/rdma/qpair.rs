@@ -27,6 +27,9 @@ pub(super) struct Qpair<V: Verbs> {
     pub sq_capacity: u32,
     /// CQ entries reserved for this QP's sends on its device.
     pub cq_share: u32,
+    /// Data buffers its requests hold, per class (small, large): at most the device's
+    /// per-qpair share each.
+    pub held: [u32; 2],
     pub sq_used: u32,
     pub reads_in_flight: u32,
     pub max_reads: u32,
@@ -87,10 +90,14 @@ pub(super) fn wrs_of(r: &RdmaRequest) -> u32 {
     }
 }
 
-/// Returns a request slot to the free state; its data buffer goes back to the pool.
-pub(super) fn release(r: &mut RdmaRequest) {
+/// Returns a request slot to the free state; its data buffer goes back to the pool. Takes
+/// the buffer off its qpair's `held` count.
+pub(super) fn release(held: &mut [u32; 2], r: &mut RdmaRequest) {
     r.req.data = None;
     r.state = State::Free;
+    if let Some(c) = r.buf_class.take() {
+        held[usize::from(c)] -= 1;
+    }
 }
 
 /// What becomes of a response's data buffer when posting its work requests failed.
@@ -186,7 +193,7 @@ pub(super) fn try_send<V: Verbs>(
             tracing::warn!(peer = %qp.state.peer, "posting the response failed: {e}; closing qpair");
             qp.broken = true;
             match after_failed_post(writes_data, &e) {
-                AfterFailedPost::Release => release(r),
+                AfterFailedPost::Release => release(&mut qp.held, r),
                 AfterFailedPost::Hold => r.state = State::Abandoned,
             }
             SendOutcome::Failed

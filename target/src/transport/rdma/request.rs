@@ -78,6 +78,9 @@ pub struct RdmaRequest {
     /// milliseconds: a transfer the host does not complete within the core's transfer
     /// timeout closes the qpair.
     pub posted_ms: u64,
+    /// The class (0 small, 1 large) of the data buffer this request took from the pool, counted
+    /// in its qpair's `held` until the request is released.
+    pub buf_class: Option<u8>,
 }
 
 impl RdmaRequest {
@@ -89,6 +92,7 @@ impl RdmaRequest {
             recv: None,
             received_data: 0,
             posted_ms: 0,
+            buf_class: None,
         }
     }
 
