@@ -151,6 +151,33 @@ impl WorkCompletion {
     const WITH_IMM: u32 = 1 << 1;
     const WITH_INV: u32 = 1 << 3;
 
+    /// A completion made by the simulated fabric. `invalidated_rkey` sets `IBV_WC_WITH_INV`
+    /// and the key, as a receive completion of SEND_WITH_INVALIDATE reports them.
+    #[cfg(feature = "sim")]
+    pub(crate) fn sim(
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+        qp_num: u32,
+        invalidated_rkey: Option<u32>,
+    ) -> Self {
+        Self {
+            wr_id,
+            status: status.0,
+            opcode: opcode.0,
+            byte_len,
+            qp_num,
+            wc_flags: if invalidated_rkey.is_some() {
+                Self::WITH_INV
+            } else {
+                0
+            },
+            imm_or_rkey: invalidated_rkey.unwrap_or(0),
+            ..Self::default()
+        }
+    }
+
     pub fn wr_id(&self) -> u64 {
         self.wr_id
     }
@@ -437,9 +464,23 @@ impl CompletionQueue {
 
     /// Number of entries the CQ actually has (at least the requested size).
     pub fn capacity(&self) -> u32 {
-        // SAFETY: the CQ is live; `cqe` is only changed by `ibv_resize_cq`, which we never
-        // call.
+        // SAFETY: the CQ is live; `cqe` is only changed by `ibv_resize_cq`, which runs on the
+        // thread that owns and polls the CQ (see `resize`), the same one that asks this.
         u32::try_from(unsafe { self.raw.as_ref() }.cqe).unwrap_or(0)
+    }
+
+    /// `ibv_resize_cq` to at least `cqe` entries; returns the new capacity. Completions
+    /// already queued are kept. Call it only from the thread that polls this CQ.
+    pub fn resize(&self, cqe: u32) -> Result<u32> {
+        let want = libc::c_int::try_from(cqe)
+            .map_err(|_| RdmaError::InvalidArgument("CQ size out of range"))?;
+        // SAFETY: the CQ is live; the provider serialises resize against its own polling,
+        // and the caller polls from this thread only.
+        let ret = unsafe { sys::ibv_resize_cq(self.raw.as_ptr(), want) };
+        if ret != 0 {
+            return Err(RdmaError::ResizeCq(errno_from_ret(ret)));
+        }
+        Ok(self.capacity())
     }
 
     pub fn context(&self) -> &Arc<Context> {

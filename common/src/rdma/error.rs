@@ -39,6 +39,8 @@ pub enum RdmaError {
     CreateCompChannel(io::Error),
     #[error("ibv_create_cq failed: {0}")]
     CreateCq(io::Error),
+    #[error("ibv_resize_cq failed: {0}")]
+    ResizeCq(io::Error),
     #[error("ibv_poll_cq failed: {0}")]
     PollCq(io::Error),
     #[error("ibv_req_notify_cq failed: {0}")]
@@ -120,6 +122,7 @@ impl RdmaError {
             | AllocMw(e)
             | CreateCompChannel(e)
             | CreateCq(e)
+            | ResizeCq(e)
             | PollCq(e)
             | ReqNotifyCq(e)
             | GetCqEvent(e)

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use super::cm::{CmEvent, CmEventKind, CmId, CmIdToken, ConnParams, EventChannel};
 use super::cq::{CompletionQueue, WorkCompletion};
 use super::device::{Context, DeviceAttr};
-use super::error::Result;
+use super::error::{RdmaError, Result};
 use super::mr::{AccessFlags, DeviceMemory, MemoryRegion};
 use super::pd::ProtectionDomain;
 use super::qp::{QpCaps, QueuePair};
@@ -120,6 +120,15 @@ pub trait VerbsMr: Send + Sync + 'static {
 pub trait VerbsCq: Send + Sync + 'static {
     /// Takes up to `out.len()` completions, oldest first.
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
+
+    /// Grows the CQ to at least `cqe` entries, keeping what is queued; returns the new
+    /// capacity. Only from the thread that polls it. A provider that cannot resize says so.
+    fn resize(&self, cqe: u32) -> Result<u32> {
+        let _ = cqe;
+        Err(RdmaError::InvalidArgument(
+            "this provider cannot resize a CQ",
+        ))
+    }
 }
 
 pub trait VerbsSrq: Send + Sync + 'static {
@@ -276,6 +285,10 @@ impl VerbsCq for CompletionQueue {
     #[inline]
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         CompletionQueue::poll(self, out)
+    }
+
+    fn resize(&self, cqe: u32) -> Result<u32> {
+        CompletionQueue::resize(self, cqe)
     }
 }
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use nvmf_common::buffer::{SizedPools, SMALL_BUFSIZE};
 use nvmf_common::rdma::{
-    register_pool, AccessFlags, DeviceCapFlags, DmaBuf, RecvWr, Sge, Verbs, VerbsContext, VerbsSrq,
-    MAX_CHAIN,
+    register_pool, AccessFlags, DeviceCapFlags, DmaBuf, RecvWr, Sge, Verbs, VerbsContext, VerbsCq,
+    VerbsSrq, MAX_CHAIN,
 };
 use nvmf_common::spec::Command;
 use zerocopy::FromBytes;
@@ -52,6 +52,8 @@ pub struct DeviceResources<V: Verbs> {
     /// the capacity is refused: an overrun CQ breaks every QP on the device.
     pub cq_capacity: u32,
     pub cq_reserved: u32,
+    /// The device's largest CQ: the shared CQ grows up to it as connections come.
+    pub max_cqe: u32,
     /// Polling the CQ failed (an overrun or a device error): every qpair on it is closed and
     /// the device's resources are rebuilt once the last one is gone.
     pub failed: bool,
@@ -134,6 +136,7 @@ impl<V: Verbs> DeviceResources<V> {
             recv_posted: 0,
             cq_capacity,
             cq_reserved: srq_depth,
+            max_cqe: attr.max_cqe,
             failed: false,
             share: [(count / 4).max(16).min(count); 2],
         };
@@ -142,6 +145,30 @@ impl<V: Verbs> DeviceResources<V> {
             buffer_size = buf_size, huge_pages = dev.pools.large.uses_huge_pages(),
             send_with_invalidate, "RDMA device ready");
         Ok(dev)
+    }
+
+    /// Reserves room on the shared CQ for `wrs` more send work requests, growing the CQ (as
+    /// SPDK does per QP) up to the device's maximum; false when it cannot hold them.
+    pub fn reserve_cq(&mut self, wrs: u32) -> bool {
+        let need = self.cq_reserved + wrs;
+        if need > self.cq_capacity {
+            let want = need
+                .max(self.cq_capacity.saturating_mul(2))
+                .min(self.max_cqe);
+            if want < need {
+                return false;
+            }
+            match self.cq.resize(want) {
+                Ok(got) if got >= need => self.cq_capacity = got,
+                Ok(_) => return false,
+                Err(e) => {
+                    tracing::debug!("growing the completion queue to {want} entries failed: {e}");
+                    return false;
+                }
+            }
+        }
+        self.cq_reserved = need;
+        true
     }
 
     pub fn same_device(&self, ctx: &V::Context) -> bool {

@@ -139,20 +139,30 @@ impl<V: Verbs> RdmaPollGroup<V> {
         };
         // Every send WR may complete (flushes complete unsignaled ones too): reserve room for
         // all of them on the shared CQ, or refuse the connection rather than risk an overrun.
-        if dev.cq_reserved + caps.max_send_wr > dev.cq_capacity {
+        if !self.devices[dev_index].reserve_cq(caps.max_send_wr) {
+            let dev = &self.devices[dev_index];
             let e = format!(
-                "the completion queue ({} entries) has no room for another {} send work requests",
-                dev.cq_capacity, caps.max_send_wr
+                "the completion queue ({} entries, {} reserved, device maximum {}) has no room for another {} send work requests",
+                dev.cq_capacity, dev.cq_reserved, dev.max_cqe, caps.max_send_wr
             );
             return Err(refuse(e, &conn));
         }
-        let qp = conn
+        let dev = &self.devices[dev_index];
+        let built = conn
             .id
             .create_qp(&dev.pd, &dev.cq, &dev.cq, Some(&dev.srq), caps)
-            .map_err(|e| refuse(e.to_string(), &conn))?;
-        let responses =
-            DmaBuf::<V>::new(&dev.pd, slots as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
-                .map_err(|e| refuse(e.to_string(), &conn))?;
+            .and_then(|qp| {
+                DmaBuf::<V>::new(&dev.pd, slots as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
+                    .map(|responses| (qp, responses))
+            });
+        let (qp, responses) = match built {
+            Ok(built) => built,
+            Err(e) => {
+                self.devices[dev_index].cq_reserved -= caps.max_send_wr;
+                return Err(refuse(e.to_string(), &conn));
+            }
+        };
+        let dev = &self.devices[dev_index];
         let gen = self.gens[qi];
         let requests = (0..slots)
             .map(|s| RdmaRequest::new(Request::new(ReqTag::new(self.index, tag_slot(gen, qi, s)))))
@@ -165,11 +175,15 @@ impl<V: Verbs> RdmaPollGroup<V> {
             ..ConnParams::with_private_data(accept.as_bytes())
         };
         let max_reads = u32::from(params.initiator_depth.max(1));
-        conn.id.accept(&params).map_err(|e| e.to_string())?;
-        let sq_capacity = qp.caps().max_send_wr;
-        let cq_share = sq_capacity.max(caps.max_send_wr);
+        if let Err(e) = conn.id.accept(&params) {
+            self.devices[dev_index].cq_reserved -= caps.max_send_wr;
+            return Err(e.to_string());
+        }
+        let dev = &self.devices[dev_index];
+        // No more than the CQ has room for, whatever the provider rounded up to.
+        let sq_capacity = qp.caps().max_send_wr.min(caps.max_send_wr);
+        let cq_share = caps.max_send_wr;
         let send_with_invalidate = dev.send_with_invalidate;
-        self.devices[dev_index].cq_reserved += cq_share;
         let token = conn.id.token();
         self.by_qp_num.insert(qp.qp_num(), qi);
         self.by_token.insert(token, qi);
