@@ -20,6 +20,17 @@
 //! [`IoStatus::Timeout`]). Without [`Reconnect`] the first failure is final and outstanding
 //! I/O fails at once.
 //!
+//! # Verbs provider
+//!
+//! A controller and its qpairs are generic over the verbs provider `V` ([`Verbs`]), with the
+//! real verbs ([`RealVerbs`]) as the default: [`Controller::connect`] and
+//! [`Controller::connect_with_pd`] connect over them, [`Controller::connect_with`] and
+//! [`Controller::connect_with_pd_using`] over any provider. Every deadline, timeout,
+//! keep-alive, reconnect delay and idle wait is on the provider's clock ([`Verbs::now`],
+//! [`Verbs::sleep`]), so a simulated fabric can run them in virtual time. Memory windows
+//! exist only over the real verbs; under another provider they are off (as on a device
+//! without them).
+//!
 //! [`MAX_RETRIES`]: crate::qpair::MAX_RETRIES
 
 use std::net::SocketAddr;
@@ -28,7 +39,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvmf_common::buffer::BufferPool;
-use nvmf_common::rdma::{register_pool, AccessFlags, DmaBuf, ProtectionDomain};
+use nvmf_common::rdma::{
+    register_pool, AccessFlags, DmaBuf, ProtectionDomain, RealVerbs, Verbs, VerbsContext, VerbsMr,
+    VerbsPd,
+};
 use nvmf_common::spec::fabrics::{
     connect_offsets, parse_connect_invalid_param_dw0, CNTLID_DYNAMIC,
 };
@@ -161,11 +175,13 @@ impl std::str::FromStr for MemoryWindows {
 }
 
 impl MemoryWindows {
-    fn enabled(self, pd: &ProtectionDomain) -> bool {
+    /// Whether commands get their own keys on `pd`'s device; never under a provider other
+    /// than [`RealVerbs`], which has no memory windows.
+    fn enabled<V: Verbs>(self, pd: &Arc<V::Pd>) -> bool {
         match self {
             Self::Off => false,
-            Self::On => device_has_windows(pd),
-            Self::Auto => device_has_windows(pd) && !pd.context().is_soft_roce(),
+            Self::On => device_has_windows::<V>(pd),
+            Self::Auto => device_has_windows::<V>(pd) && !pd.context().is_soft_roce(),
         }
     }
 }
@@ -197,12 +213,15 @@ pub(crate) const STATE_FAILED: u8 = 2;
 pub(crate) const STATE_DELETED: u8 = 3;
 
 /// What the controller and its I/O qpairs share.
-pub(crate) struct Shared {
+pub(crate) struct Shared<V: Verbs> {
+    /// The provider: I/O threads create channels with it when they reconnect, and read its
+    /// clock.
+    pub verbs: V,
     pub peer: SocketAddr,
     pub tid: TransportId,
     pub host: HostIdentity,
     pub opts: ControllerOptions,
-    pub pd: Arc<ProtectionDomain>,
+    pub pd: Arc<V::Pd>,
     pub state: AtomicU8,
     /// Bumped on every teardown of the association.
     pub generation: AtomicU64,
@@ -219,7 +238,7 @@ pub(crate) struct Shared {
     pub failure: Mutex<Option<String>>,
 }
 
-impl Shared {
+impl<V: Verbs> Shared<V> {
     pub fn state(&self) -> u8 {
         self.state.load(Ordering::Acquire)
     }
@@ -282,10 +301,11 @@ pub(crate) enum AdminData<'a> {
     Out(&'a [u8]),
 }
 
-/// The admin queue and its bookkeeping.
-pub(crate) struct Admin {
-    q: RdmaQueue,
-    data: DmaBuf,
+/// The admin queue and its bookkeeping. Its times are on the provider's clock
+/// (`q.verbs()`).
+pub(crate) struct Admin<V: Verbs> {
+    q: RdmaQueue<V>,
+    data: DmaBuf<V>,
     kato: Duration,
     last_ka: Instant,
     ka: Option<(u16, Instant)>,
@@ -298,7 +318,7 @@ pub(crate) struct Admin {
     cc: Cc,
 }
 
-impl Admin {
+impl<V: Verbs> Admin<V> {
     fn fault(&self, f: QueueFault) -> Error {
         Error::Transport {
             addr: self.q.peer(),
@@ -337,7 +357,7 @@ impl Admin {
                 }
             }
         }
-        let now = Instant::now();
+        let now = self.q.verbs().now();
         if n == 0 {
             if let Some(f) = self.q.check_cm() {
                 return Err(self.fault(f));
@@ -417,13 +437,13 @@ impl Admin {
                 }
             }
         };
-        let deadline = Instant::now() + timeout;
+        let deadline = self.q.verbs().now() + timeout;
         let cid = loop {
             match self.q.submit(&mut cmd, d).map_err(|f| self.fault(f))? {
                 Some(cid) => break cid,
                 // Every slot busy (keep-alive, AER and ours can't fill 32: only a stuck
                 // queue gets here).
-                None if Instant::now() >= deadline => {
+                None if self.q.verbs().now() >= deadline => {
                     return Err(Error::Timeout {
                         what: format!("{what}: a free admin slot"),
                         after: timeout,
@@ -431,11 +451,11 @@ impl Admin {
                 }
                 None => {
                     self.pump()?;
-                    std::thread::sleep(Duration::from_micros(50));
+                    self.q.verbs().sleep(Duration::from_micros(50));
                 }
             }
         };
-        self.sync = Some((cid, Instant::now()));
+        self.sync = Some((cid, self.q.verbs().now()));
         self.sync_rsp = None;
         loop {
             self.pump().map_err(|e| match e {
@@ -448,7 +468,7 @@ impl Admin {
             if let Some(rsp) = self.sync_rsp.take() {
                 return Ok(rsp);
             }
-            std::thread::sleep(Duration::from_micros(50));
+            self.q.verbs().sleep(Duration::from_micros(50));
         }
     }
 
@@ -571,22 +591,31 @@ pub(crate) fn connect_error(
 /// Connects the admin queue and brings the controller up exactly as the Linux host does:
 /// Connect (QID 0) → Property Get CAP → Property Set CC (EN, IOSQES 6, IOCQES 4) → poll
 /// CSTS.RDY → Property Get VS → Identify Controller.
-fn bring_up(
+fn bring_up<V: Verbs>(
+    verbs: &V,
     peer: SocketAddr,
     tid: &TransportId,
     host: &HostIdentity,
     opts: &ControllerOptions,
-    pd: Option<&Arc<ProtectionDomain>>,
-) -> Result<(Admin, Arc<ProtectionDomain>, ControllerInfo)> {
+    pd: Option<&Arc<V::Pd>>,
+) -> Result<(Admin<V>, Arc<V::Pd>, ControllerInfo)> {
     // Admin data lives in one small buffer of our own, under its registration's key.
-    let (q, pd) = RdmaQueue::connect(peer, pd, 0, ADMIN_QUEUE_DEPTH, false, opts.connect_timeout)?;
-    let data = DmaBuf::new(&pd, ADMIN_DATA_LEN, AccessFlags::ALL_DATA)
+    let (q, pd) = RdmaQueue::connect(
+        verbs,
+        peer,
+        pd,
+        0,
+        ADMIN_QUEUE_DEPTH,
+        false,
+        opts.connect_timeout,
+    )?;
+    let data = DmaBuf::<V>::new(&pd, ADMIN_DATA_LEN, AccessFlags::ALL_DATA)
         .map_err(|e| Error::rdma("registering the admin data buffer", e))?;
     let mut admin = Admin {
         q,
         data,
         kato: Duration::ZERO,
-        last_ka: Instant::now(),
+        last_ka: verbs.now(),
         ka: None,
         aer: None,
         aer_done: Vec::new(),
@@ -617,7 +646,7 @@ fn bring_up(
     admin.cc = cc;
     // CAP.TO: worst-case time to ready, in 500 ms units.
     let ready_limit = Duration::from_millis(500 * (u64::from(cap.to()) + 1));
-    let ready_deadline = Instant::now() + ready_limit;
+    let ready_deadline = verbs.now() + ready_limit;
     loop {
         let csts = Csts(admin.property_get(Property::CSTS, "Property Get CSTS")? as u32);
         if csts.cfs() {
@@ -628,13 +657,13 @@ fn bring_up(
         if csts.rdy() {
             break;
         }
-        if Instant::now() >= ready_deadline {
+        if verbs.now() >= ready_deadline {
             return Err(Error::Timeout {
                 what: format!("{peer}: CSTS.RDY after enabling the controller"),
                 after: ready_limit,
             });
         }
-        std::thread::sleep(Duration::from_millis(10));
+        verbs.sleep(Duration::from_millis(10));
     }
     let vs = Version(admin.property_get(Property::VS, "Property Get VS")? as u32);
     admin.ok(
@@ -655,7 +684,7 @@ fn bring_up(
     // Keep-alive starts once the controller is enabled and identified, as Linux starts it
     // when the controller goes live; the bring-up takes far less than KATO.
     admin.kato = kato;
-    admin.last_ka = Instant::now();
+    admin.last_ka = verbs.now();
     Ok((
         admin,
         pd,
@@ -668,26 +697,26 @@ fn bring_up(
     ))
 }
 
-/// A connected NVMe-oF controller.
-pub struct Controller {
-    shared: Arc<Shared>,
-    admin: Option<Admin>,
+/// A connected NVMe-oF controller, over the verbs provider `V` (the real verbs by default).
+pub struct Controller<V: Verbs = RealVerbs> {
+    shared: Arc<Shared<V>>,
+    admin: Option<Admin<V>>,
     info: ControllerInfo,
     granted_io_queues: u16,
     next_qid: u16,
-    io_qpairs: Vec<IoQpair>,
+    io_qpairs: Vec<IoQpair<V>>,
     lost_at: Option<Instant>,
     next_attempt: Instant,
     events: Vec<ControllerEvent>,
 }
 
-impl Controller {
+impl Controller<RealVerbs> {
     /// Connects to the subsystem `tid` names: RDMA CM, admin bring-up, Set Features Number of
     /// Queues, `opts.io_queues` I/O queue pairs, then Set Features Async Event Configuration
     /// and one AER, in the Linux host's order. A discovery NQN gives a discovery controller
     /// (no I/O queues, no keep-alive, no AER).
     pub fn connect(tid: &TransportId, opts: ControllerOptions) -> Result<Self> {
-        Self::connect_on(tid, opts, None)
+        Self::connect_with(RealVerbs, tid, opts)
     }
 
     /// [`connect`](Self::connect) on the protection domain of another controller, so one
@@ -698,20 +727,40 @@ impl Controller {
         opts: ControllerOptions,
         pd: &Arc<ProtectionDomain>,
     ) -> Result<Self> {
-        Self::connect_on(tid, opts, Some(pd))
+        Self::connect_with_pd_using(RealVerbs, tid, opts, pd)
+    }
+}
+
+impl<V: Verbs> Controller<V> {
+    /// [`connect`](Controller::connect) over the verbs provider `verbs`.
+    pub fn connect_with(verbs: V, tid: &TransportId, opts: ControllerOptions) -> Result<Self> {
+        Self::connect_on(verbs, tid, opts, None)
+    }
+
+    /// [`connect_with_pd`](Controller::connect_with_pd) over the verbs provider `verbs`:
+    /// on `pd`, the protection domain of another controller of the same provider.
+    pub fn connect_with_pd_using(
+        verbs: V,
+        tid: &TransportId,
+        opts: ControllerOptions,
+        pd: &Arc<V::Pd>,
+    ) -> Result<Self> {
+        Self::connect_on(verbs, tid, opts, Some(pd))
     }
 
     fn connect_on(
+        verbs: V,
         tid: &TransportId,
         opts: ControllerOptions,
-        pd: Option<&Arc<ProtectionDomain>>,
+        pd: Option<&Arc<V::Pd>>,
     ) -> Result<Self> {
         let peer = tid.socket_addr()?;
         let host = HostIdentity::resolve(
             tid.hostnqn.as_deref().or(opts.hostnqn.as_deref()),
             opts.hostid,
         );
-        let (admin, pd, info) = bring_up(peer, tid, &host, &opts, pd)?;
+        let (admin, pd, info) = bring_up(&verbs, peer, tid, &host, &opts, pd)?;
+        let next_attempt = verbs.now();
         let shared = Arc::new(Shared {
             peer,
             tid: tid.clone(),
@@ -728,9 +777,10 @@ impl Controller {
             }),
             max_xfer: AtomicU32::new(info.max_transfer()),
             max_io_depth: AtomicU32::new(u32::from(info.cap.mqes()) + 1),
-            windows: opts.memory_windows.enabled(&pd),
+            windows: opts.memory_windows.enabled::<V>(&pd),
             failure: Mutex::new(None),
             opts,
+            verbs,
         });
         let mut ctrl = Self {
             shared,
@@ -740,7 +790,7 @@ impl Controller {
             next_qid: 1,
             io_qpairs: Vec::new(),
             lost_at: None,
-            next_attempt: Instant::now(),
+            next_attempt,
             events: Vec::new(),
         };
         if !ctrl.is_discovery() {
@@ -757,7 +807,7 @@ impl Controller {
         Ok(ctrl)
     }
 
-    fn admin(&mut self) -> Result<&mut Admin> {
+    fn admin(&mut self) -> Result<&mut Admin<V>> {
         let failure =
             || Error::ControllerLost("the admin queue is not connected (reconnecting)".into());
         self.admin.as_mut().ok_or_else(failure)
@@ -824,9 +874,14 @@ impl Controller {
         self.shared.peer
     }
 
+    /// The verbs provider this controller runs over (its clock is the controller's).
+    pub fn verbs(&self) -> &V {
+        &self.shared.verbs
+    }
+
     /// The protection domain every queue of this controller uses: register data buffer pools
     /// on it ([`register_pool`](Self::register_pool)).
-    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+    pub fn pd(&self) -> &Arc<V::Pd> {
         &self.shared.pd
     }
 
@@ -839,7 +894,7 @@ impl Controller {
         } else {
             AccessFlags::ALL_DATA
         };
-        register_pool::<nvmf_common::rdma::RealVerbs>(&self.shared.pd, pool, access)
+        register_pool::<V>(&self.shared.pd, pool, access)
             .map_err(|e| Error::rdma("registering the buffer pool (raise `ulimit -l`?)", e))
     }
 
@@ -864,13 +919,13 @@ impl Controller {
     }
 
     /// The I/O queue pairs [`connect`](Self::connect) created.
-    pub fn take_io_qpairs(&mut self) -> Vec<IoQpair> {
+    pub fn take_io_qpairs(&mut self) -> Vec<IoQpair<V>> {
         std::mem::take(&mut self.io_qpairs)
     }
 
     /// Connects one more I/O queue pair (the next QID) of `depth` entries (capped by
     /// CAP.MQES + 1).
-    pub fn create_io_qpair(&mut self, depth: u16) -> Result<IoQpair> {
+    pub fn create_io_qpair(&mut self, depth: u16) -> Result<IoQpair<V>> {
         if self.is_discovery() {
             return Err(Error::Invalid(
                 "a discovery controller has no I/O queues".into(),
@@ -1060,7 +1115,7 @@ impl Controller {
             }
             STATE_RESETTING => {
                 self.shared.reset_requested.store(false, Ordering::Relaxed);
-                if Instant::now() >= self.next_attempt {
+                if self.shared.verbs.now() >= self.next_attempt {
                     self.try_reconnect();
                 }
             }
@@ -1164,8 +1219,9 @@ impl Controller {
             "controller {}: {reason}; reconnecting every {delay:?}",
             self.shared.peer
         );
-        self.lost_at.get_or_insert_with(Instant::now);
-        self.next_attempt = Instant::now() + delay;
+        let now = self.shared.verbs.now();
+        self.lost_at.get_or_insert(now);
+        self.next_attempt = now + delay;
         self.shared.state.store(STATE_RESETTING, Ordering::Release);
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         self.events.push(ControllerEvent::Disconnected { reason });
@@ -1175,7 +1231,10 @@ impl Controller {
         let Some(policy) = self.shared.opts.reconnect else {
             return;
         };
-        let lost = self.lost_at.map_or(Duration::ZERO, |t| t.elapsed());
+        let now = self.shared.verbs.now();
+        let lost = self
+            .lost_at
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
         if policy.ctrl_loss_tmo.is_some_and(|tmo| lost >= tmo) {
             self.fail(format!(
                 "not reconnected within ctrl_loss_tmo ({:?})",
@@ -1184,7 +1243,7 @@ impl Controller {
             return;
         }
         let s = Arc::clone(&self.shared);
-        match bring_up(s.peer, &s.tid, &s.host, &s.opts, Some(&s.pd)) {
+        match bring_up(&s.verbs, s.peer, &s.tid, &s.host, &s.opts, Some(&s.pd)) {
             Ok((admin, _, info)) => {
                 self.admin = Some(admin);
                 let cntlid = info.cntlid;
@@ -1215,7 +1274,7 @@ impl Controller {
                     if let Some(mut a) = self.admin.take() {
                         a.disconnect(Duration::ZERO);
                     }
-                    self.next_attempt = Instant::now() + policy.delay;
+                    self.next_attempt = s.verbs.now() + policy.delay;
                     return;
                 }
                 s.cntlid.store(cntlid, Ordering::Release);
@@ -1233,7 +1292,7 @@ impl Controller {
                     s.peer,
                     policy.delay
                 );
-                self.next_attempt = Instant::now() + policy.delay;
+                self.next_attempt = s.verbs.now() + policy.delay;
             }
         }
     }
@@ -1261,29 +1320,29 @@ impl Controller {
 }
 
 /// CC.SHN = normal shutdown, then wait (up to 5 s, Linux's default) for CSTS.SHST complete.
-fn shutdown(admin: &mut Admin) -> Result<()> {
+fn shutdown<V: Verbs>(admin: &mut Admin<V>) -> Result<()> {
     admin.timeout = admin.timeout.min(Duration::from_secs(5));
     // A shutting-down controller fails Keep Alive with Command Sequence Error: stop sending.
     admin.kato = Duration::ZERO;
     let cc = admin.cc.with_shn(Cc::SHN_NORMAL);
     admin.property_set(Property::CC, u64::from(cc.0), "Property Set CC.SHN")?;
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = admin.q.verbs().now() + Duration::from_secs(5);
     loop {
         let csts = Csts(admin.property_get(Property::CSTS, "Property Get CSTS")? as u32);
         if csts.shst() == Csts::SHST_COMPLETE {
             return Ok(());
         }
-        if Instant::now() >= deadline {
+        if admin.q.verbs().now() >= deadline {
             return Err(Error::Timeout {
                 what: "shutdown (CSTS.SHST)".into(),
                 after: Duration::from_secs(5),
             });
         }
-        std::thread::sleep(Duration::from_millis(10));
+        admin.q.verbs().sleep(Duration::from_millis(10));
     }
 }
 
-impl Drop for Controller {
+impl<V: Verbs> Drop for Controller<V> {
     fn drop(&mut self) {
         if self.shared.state() != STATE_FAILED {
             self.shared.generation.fetch_add(1, Ordering::AcqRel);
@@ -1296,10 +1355,14 @@ impl Drop for Controller {
 }
 
 #[allow(dead_code)]
-fn _assert_send() {
+fn _assert_send<V: Verbs>() {
     fn is_send<T: Send>() {}
     is_send::<Controller>();
     is_send::<IoQpair>();
+    // Under any provider: I/O qpairs move to their polling threads.
+    is_send::<Controller<V>>();
+    is_send::<IoQpair<V>>();
+    is_send::<crate::path::MultipathQpair<V>>();
     let _ = IoStatus::Timeout;
 }
 

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use nvmf_common::rdma::{RealVerbs, Verbs};
 use nvmf_common::spec::identify::nul_str;
 use nvmf_common::spec::log_page::{AddressFamily as WireAdrfam, RdmaTsas, SubsystemType};
 use nvmf_common::spec::{DiscoveryLogEntry, DiscoveryLogHeader, LogPageId, DISCOVERY_NQN};
@@ -184,7 +185,7 @@ pub fn attach_plan(source: &TransportId, log: &DiscoveryLog) -> AttachPlan {
 }
 
 /// Reads the discovery log of a connected discovery controller.
-pub fn read_discovery_log(ctrl: &mut Controller) -> Result<DiscoveryLog> {
+pub fn read_discovery_log<V: Verbs>(ctrl: &mut Controller<V>) -> Result<DiscoveryLog> {
     for _ in 0..MAX_RETRIES {
         let hdr = ctrl.get_log_page(0, LogPageId::DISCOVERY, HEADER_LEN)?;
         let (h, _) = DiscoveryLogHeader::read_from_prefix(&hdr).expect("1024 bytes");
@@ -210,13 +211,22 @@ pub fn read_discovery_log(ctrl: &mut Controller) -> Result<DiscoveryLog> {
 
 /// Connects to the discovery subsystem at `tid`'s address, reads the log, disconnects.
 pub fn discover(tid: &TransportId, opts: &ControllerOptions) -> Result<DiscoveryLog> {
+    discover_with(RealVerbs, tid, opts)
+}
+
+/// [`discover`] over the verbs provider `verbs`.
+pub fn discover_with<V: Verbs>(
+    verbs: V,
+    tid: &TransportId,
+    opts: &ControllerOptions,
+) -> Result<DiscoveryLog> {
     let opts = ControllerOptions {
         kato: Duration::ZERO,
         io_queues: 0,
         reconnect: None,
         ..opts.clone()
     };
-    let mut ctrl = Controller::connect(&tid.discovery(), opts)?;
+    let mut ctrl = Controller::connect_with(verbs, &tid.discovery(), opts)?;
     let log = read_discovery_log(&mut ctrl);
     let _ = ctrl.disconnect();
     log

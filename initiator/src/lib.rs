@@ -62,7 +62,8 @@ pub use controller::{
     Reconnect, ADMIN_QUEUE_DEPTH,
 };
 pub use discovery::{
-    attach_plan, discover, read_discovery_log, AttachPlan, DiscoveryEntry, DiscoveryLog,
+    attach_plan, discover, discover_with, read_discovery_log, AttachPlan, DiscoveryEntry,
+    DiscoveryLog,
 };
 pub use error::{Error, Result};
 pub use histogram::Histogram;

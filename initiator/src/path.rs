@@ -16,12 +16,16 @@
 //! was first submitted with and the same buffer (see [`crate::multipath`] on why that is
 //! safe for writes). Buffers must come from a pool registered on the protection domain all
 //! the paths share ([`Controller::connect_with_pd`]).
+//!
+//! The multipath timers (retry delays, fast-io-fail, ANA transition) run on the verbs
+//! provider's clock ([`Verbs::now`]), the clock of the paths' qpairs.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use nvmf_common::buffer::IoBuf;
+use nvmf_common::rdma::{RealVerbs, Verbs};
 use nvmf_common::spec::{Command, Status};
 
 use crate::controller::Controller;
@@ -106,7 +110,7 @@ pub fn apply_ana_log(log: &AnaLog, paths: &[NamespacePath]) {
 
 /// Reads `ctrl`'s ANA log (as SPDK's `nvme_ctrlr_read_ana_log_page`) and publishes the
 /// states of `paths`; a controller without ANA reporting makes them Optimized.
-pub fn refresh_ana(ctrl: &mut Controller, paths: &[NamespacePath]) -> Result<()> {
+pub fn refresh_ana<V: Verbs>(ctrl: &mut Controller<V>, paths: &[NamespacePath]) -> Result<()> {
     if !ctrl.reports_ana() {
         for p in paths {
             p.handle.set_ana(AnaState::Optimized);
@@ -125,8 +129,8 @@ pub fn refresh_requested(paths: &[NamespacePath]) -> bool {
         .fold(false, |any, p| p.handle.take_refresh() | any)
 }
 
-struct PathQp {
-    qp: IoQpair,
+struct PathQp<V: Verbs> {
+    qp: IoQpair<V>,
     handle: PathHandle,
     seen: u64,
 }
@@ -141,8 +145,10 @@ struct MpIo {
 /// One namespace's I/O over several paths, for one polling thread: the same calls as an
 /// [`IoQpair`] (`submit`, `poll`), with the path chosen per I/O and path failures retried
 /// on other paths.
-pub struct MultipathQpair {
-    paths: Vec<PathQp>,
+pub struct MultipathQpair<V: Verbs = RealVerbs> {
+    paths: Vec<PathQp<V>>,
+    /// The paths' verbs provider, whose clock the timers run on.
+    verbs: V,
     core: MultipathCore,
     ios: Vec<Option<MpIo>>,
     /// Buffers of I/Os waiting in the core, by id.
@@ -154,11 +160,12 @@ pub struct MultipathQpair {
     ready: Vec<Ready>,
 }
 
-impl MultipathQpair {
+impl<V: Verbs> MultipathQpair<V> {
     /// `paths`: one qpair per path (put into failover mode here) with its [`PathHandle`],
     /// in preference order.
-    pub fn new(paths: Vec<(IoQpair, PathHandle)>, policy: Policy, timers: Timers) -> Self {
+    pub fn new(paths: Vec<(IoQpair<V>, PathHandle)>, policy: Policy, timers: Timers) -> Self {
         assert!(!paths.is_empty(), "a multipath qpair needs a path");
+        let verbs = paths[0].0.verbs().clone();
         let depths = paths.iter().map(|(q, _)| usize::from(q.depth()));
         let capacity = match policy {
             Policy::ActivePassive => depths.max().unwrap_or(1),
@@ -184,6 +191,7 @@ impl MultipathQpair {
             .collect();
         Self {
             paths,
+            verbs,
             core: MultipathCore::new(policy, timers, views, capacity),
             ios: (0..capacity).map(|_| None).collect(),
             held: (0..capacity).map(|_| None).collect(),
@@ -276,7 +284,7 @@ impl MultipathQpair {
             });
         };
         self.refresh();
-        let now = Instant::now();
+        let now = self.verbs.now();
         let mut io = MpIo {
             tag,
             cmd,
@@ -319,7 +327,7 @@ impl MultipathQpair {
     pub fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
         let before = out.len();
         out.append(&mut self.done);
-        let now = Instant::now();
+        let now = self.verbs.now();
         for i in 0..self.paths.len() {
             self.paths[i].qp.poll(&mut self.inner);
             for c in self.inner.drain(..) {

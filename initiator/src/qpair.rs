@@ -18,6 +18,9 @@
 //! with [`IoStatus::PathError`] so another path can serve them, while the qpair still
 //! reconnects in the background.
 //!
+//! Time (submission stamps, the timeout scan) is the verbs provider's clock
+//! ([`Verbs::now`]), so a simulated fabric can run it virtually.
+//!
 //! [`Controller::register_pool`]: crate::Controller::register_pool
 
 use std::collections::VecDeque;
@@ -27,13 +30,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvmf_common::buffer::IoBuf;
-use nvmf_common::rdma::{AccessFlags, DmaBuf, MemoryRegion, Sge};
+use nvmf_common::rdma::{AccessFlags, DmaBuf, RealVerbs, Sge, Verbs, VerbsMr};
 use nvmf_common::spec::{Command, Completion, ConnectCommand, ConnectData, Status};
 use zerocopy::IntoBytes;
 
 use crate::controller::{connect_error, Shared, STATE_LIVE, STATE_RESETTING};
 use crate::error::{Error, QueueFault, Result};
-use crate::transport::{Data, KeyStats, RdmaQueue, POLL_BATCH};
+use crate::transport::{real_mr, real_pd, Data, KeyStats, RdmaQueue, POLL_BATCH};
 
 /// Times a command is resubmitted after timing out (with reconnect configured), as Linux's
 /// `nvme_max_retries`.
@@ -189,12 +192,12 @@ enum Teardown {
     ControllerReset,
 }
 
-/// One I/O queue pair of a controller.
-pub struct IoQpair {
-    shared: Arc<Shared>,
+/// One I/O queue pair of a controller, over the verbs provider `V`.
+pub struct IoQpair<V: Verbs = RealVerbs> {
+    shared: Arc<Shared<V>>,
     qid: u16,
     depth: u16,
-    queue: Option<RdmaQueue>,
+    queue: Option<RdmaQueue<V>>,
     state: QpairState,
     gen: u64,
     in_capsule: u32,
@@ -214,9 +217,10 @@ pub struct IoQpair {
 
 /// Connects queue `qid` of the controller `shared` describes: RDMA CM, then the Fabrics
 /// Connect with the controller's current CNTLID.
-fn connect_queue(shared: &Shared, qid: u16, depth: u16) -> Result<RdmaQueue> {
+fn connect_queue<V: Verbs>(shared: &Shared<V>, qid: u16, depth: u16) -> Result<RdmaQueue<V>> {
     let opts = &shared.opts;
     let (mut q, _) = RdmaQueue::connect(
+        &shared.verbs,
         shared.peer,
         Some(&shared.pd),
         qid,
@@ -232,7 +236,7 @@ fn connect_queue(shared: &Shared, qid: u16, depth: u16) -> Result<RdmaQueue> {
     } else {
         AccessFlags::ALL_DATA
     };
-    let mut buf: DmaBuf = DmaBuf::new(&shared.pd, cd.as_bytes().len(), access)
+    let mut buf = DmaBuf::<V>::new(&shared.pd, cd.as_bytes().len(), access)
         .map_err(|e| Error::rdma("registering the Connect data", e))?;
     buf.write_at(0, cd.as_bytes());
     let sge = buf.sge(0, buf.len()).expect("whole buffer");
@@ -261,8 +265,8 @@ fn connect_queue(shared: &Shared, qid: u16, depth: u16) -> Result<RdmaQueue> {
     Ok(q)
 }
 
-impl IoQpair {
-    pub(crate) fn connect(shared: Arc<Shared>, qid: u16, depth: u16) -> Result<Self> {
+impl<V: Verbs> IoQpair<V> {
+    pub(crate) fn connect(shared: Arc<Shared<V>>, qid: u16, depth: u16) -> Result<Self> {
         let gen = shared.generation.load(Ordering::Acquire);
         let queue = connect_queue(&shared, qid, depth)?;
         Ok(Self {
@@ -278,7 +282,7 @@ impl IoQpair {
             pending_fault: None,
             raw: [(0, Completion::default()); POLL_BATCH],
             poll_limit: POLL_BATCH,
-            next_scan: Instant::now() + TIMEOUT_SCAN,
+            next_scan: shared.verbs.now() + TIMEOUT_SCAN,
             failure: None,
             stats: QpairStats::default(),
             failover: false,
@@ -288,6 +292,11 @@ impl IoQpair {
 
     pub fn qid(&self) -> u16 {
         self.qid
+    }
+
+    /// The verbs provider of this qpair's controller (its clock is the qpair's).
+    pub fn verbs(&self) -> &V {
+        &self.shared.verbs
     }
 
     /// Failover mode, for a multipath layer: when the connection breaks (a queue error, a
@@ -501,8 +510,12 @@ impl IoQpair {
         if let Some(b) = &buf {
             let keyed = dir == DataDir::FromController
                 || (dir == DataDir::ToController && b.len() as u64 > u64::from(self.in_capsule));
-            let bindable = || match window_over(b, dir) {
-                Some(Data::Window { mr, .. }) => Arc::ptr_eq(mr.pd(), &self.shared.pd),
+            // Windows are only ever on with the real provider (`Shared::windows`), where
+            // both downcasts succeed.
+            let bindable = || match window_over::<V>(b, dir) {
+                Some(Data::Window { mr, .. }) => real_mr::<V>(mr)
+                    .zip(real_pd::<V>(&self.shared.pd))
+                    .is_some_and(|(mr, pd)| Arc::ptr_eq(mr.pd(), pd)),
                 _ => false,
             };
             if keyed && self.shared.windows && !bindable() {
@@ -525,7 +538,7 @@ impl IoQpair {
             buf,
             cmd,
             dir,
-            submitted: Instant::now(),
+            submitted: self.shared.verbs.now(),
             retries: 0,
         };
         self.stats.submitted += 1;
@@ -658,7 +671,7 @@ impl IoQpair {
         }
         // On the clock, busy or not: one stuck command among many moving ones must still
         // time out.
-        let now = Instant::now();
+        let now = self.shared.verbs.now();
         if now >= self.next_scan {
             self.next_scan = now + TIMEOUT_SCAN;
             if let Some(f) = self.queue.as_ref().and_then(RdmaQueue::check_cm) {
@@ -778,8 +791,8 @@ impl IoQpair {
                 self.max_xfer = self.shared.max_xfer.load(Ordering::Relaxed);
                 self.state = QpairState::Live;
                 self.stats.reconnects += 1;
-                self.next_scan = Instant::now() + TIMEOUT_SCAN;
-                let now = Instant::now();
+                self.next_scan = self.shared.verbs.now() + TIMEOUT_SCAN;
+                let now = self.shared.verbs.now();
                 for io in self.requeue.iter_mut() {
                     // The timeout runs from the resubmission.
                     io.submitted = now;
@@ -808,13 +821,14 @@ impl IoQpair {
 }
 
 /// The command's data as a window over `buf`'s pool registration: the target may only
-/// read what it sends to the controller, and only write what it returns.
-fn window_over(buf: &IoBuf, dir: DataDir) -> Option<Data<'_>> {
+/// read what it sends to the controller, and only write what it returns. `None` when the
+/// pool is not registered with the provider `V` for windows.
+fn window_over<V: Verbs>(buf: &IoBuf, dir: DataDir) -> Option<Data<'_, V>> {
     let mr = buf
         .registration()?
-        .downcast_ref::<Arc<MemoryRegion>>()
+        .downcast_ref::<Arc<V::Mr>>()
         .filter(|mr| mr.access().contains(AccessFlags::MW_BIND))?;
-    let offset = usize::try_from(buf.addr().checked_sub(mr.addr() as u64)?).ok()?;
+    let offset = usize::try_from(buf.addr().checked_sub(mr.iova())?).ok()?;
     let access = match dir {
         DataDir::FromController => AccessFlags::REMOTE_WRITE,
         _ => AccessFlags::REMOTE_READ,

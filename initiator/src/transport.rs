@@ -24,15 +24,20 @@
 //! its key is invalid, so the buffer goes back to the caller only when no late or stray
 //! RDMA operation can reach it. The buffer pools themselves are then registered without
 //! remote access.
+//!
+//! The queue is generic over the verbs provider `V` ([`Verbs`]); its clock and idle waits
+//! are the provider's ([`Verbs::now`], [`Verbs::sleep`]). Memory windows are not part of
+//! the provider interface: they exist for `RealVerbs` only (see [`real_pd`]).
 
+use std::any::Any;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nvmf_common::rdma::{
-    AccessFlags, CmEventKind, CmId, CompletionQueue, ConnParams, DeviceCapFlags, DmaBuf,
-    EventChannel, MemoryRegion, MemoryWindow, ProtectionDomain, QpCaps, QueuePair, RdmaError,
-    RecvWr, SendWr, Sge, WcStatus, WorkCompletion,
+    AccessFlags, CmEvent, CmEventKind, ConnParams, DeviceCapFlags, DmaBuf, MemoryRegion,
+    MemoryWindow, ProtectionDomain, QpCaps, RdmaError, RecvWr, SendWr, Sge, Verbs, VerbsChannel,
+    VerbsCmId, VerbsContext, VerbsCq, VerbsMr, VerbsPd, VerbsQp, WcStatus, WorkCompletion,
 };
 use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmReject, RdmaCmRejectStatus, RdmaCmRequest};
 use nvmf_common::spec::{Command, Completion, SglDescriptor};
@@ -59,8 +64,7 @@ const IB_CM_REJ_INVALID_SERVICE_ID: i32 = 8;
 const RXE_WC_WITH_INVALIDATE: u32 = 1 << 2;
 
 /// Where a command's data is.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Data<'a> {
+pub(crate) enum Data<'a, V: Verbs> {
     None,
     /// Host memory the target reaches with RDMA READ / WRITE under `rkey`, a long-lived
     /// registration's key: the plain ADDRESS subtype, never invalidated.
@@ -71,9 +75,10 @@ pub(crate) enum Data<'a> {
     },
     /// `len` bytes at `offset` of `mr`, exposed for this command alone through the CID's
     /// memory window with `access` (see the module docs). Only on queues with
-    /// [`RdmaQueue::has_windows`].
+    /// [`RdmaQueue::has_windows`] (so only with `RealVerbs`, whose `mr` is a
+    /// [`MemoryRegion`]).
     Window {
-        mr: &'a Arc<MemoryRegion>,
+        mr: &'a Arc<V::Mr>,
         offset: usize,
         len: u32,
         access: AccessFlags,
@@ -81,6 +86,15 @@ pub(crate) enum Data<'a> {
     /// Data sent inside the command capsule, right after the SQE.
     InCapsule(Sge),
 }
+
+// By hand: a derive would ask `V: Copy`, which the fields do not need.
+impl<V: Verbs> Clone for Data<'_, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<V: Verbs> Copy for Data<'_, V> {}
 
 #[derive(Clone, Copy, Default)]
 struct Slot {
@@ -106,31 +120,53 @@ pub struct KeyStats {
     pub local_invalidations: u64,
 }
 
-/// Whether `ctx`'s device can give each command its own key: type 2 memory windows, and
-/// the invalidation verbs.
-pub(crate) fn device_has_windows(pd: &ProtectionDomain) -> bool {
-    pd.context().query_device().is_ok_and(|a| {
-        let caps = a.device_cap_flags;
-        caps.contains(DeviceCapFlags::MEM_MGT_EXTENSIONS)
-            && (caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2B)
-                || caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2A))
-    })
+/// The real protection domain behind `pd` when the provider is `RealVerbs`, else `None`.
+///
+/// Memory windows ([`MemoryWindow`], [`SendWr::bind_mw`], the LOCAL_INV of their keys) are
+/// not part of the [`Verbs`] interface: they exist only over the real verbs, and take the
+/// real [`ProtectionDomain`] and [`MemoryRegion`]. So windows are available exactly when
+/// this downcast succeeds; under any other provider they are off, and commands carry the
+/// pool registration's key, as on a device without windows. For `RealVerbs` the check is a
+/// comparison of two constant type ids, which the compiler folds away.
+pub(crate) fn real_pd<V: Verbs>(pd: &Arc<V::Pd>) -> Option<&Arc<ProtectionDomain>> {
+    (pd as &dyn Any).downcast_ref::<Arc<ProtectionDomain>>()
+}
+
+/// The real registration behind `mr` when the provider is `RealVerbs` (see [`real_pd`]).
+pub(crate) fn real_mr<V: Verbs>(mr: &Arc<V::Mr>) -> Option<&Arc<MemoryRegion>> {
+    (mr as &dyn Any).downcast_ref::<Arc<MemoryRegion>>()
+}
+
+/// Whether `pd`'s device can give each command its own key: type 2 memory windows, and
+/// the invalidation verbs. Always false for a provider other than `RealVerbs`, which has
+/// no windows (see [`real_pd`]).
+pub(crate) fn device_has_windows<V: Verbs>(pd: &Arc<V::Pd>) -> bool {
+    real_pd::<V>(pd).is_some()
+        && pd.context().query_device().is_ok_and(|a| {
+            let caps = a.device_cap_flags;
+            caps.contains(DeviceCapFlags::MEM_MGT_EXTENSIONS)
+                && (caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2B)
+                    || caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2A))
+        })
 }
 
 /// A connected queue.
-pub(crate) struct RdmaQueue {
+pub(crate) struct RdmaQueue<V: Verbs> {
     // Field order is drop order. Windows first: a bound type 2 window holds a reference on
     // the QP it was bound through, and rxe's QP destruction waits (for long, then warns)
     // for such references to go. Deallocating a window revokes its key, so this is safe
     // whatever state the QP is in. Then the QP (and its CQ) before the CM id and its channel.
-    /// One per CID when the queue gives commands their own keys; empty otherwise.
+    /// One per CID when the queue gives commands their own keys; empty otherwise (always
+    /// empty under a provider other than `RealVerbs`).
     windows: Vec<MemoryWindow>,
-    qp: QueuePair,
-    cq: Arc<CompletionQueue>,
-    id: CmId,
-    ch: EventChannel,
-    cmds: DmaBuf,
-    rsps: DmaBuf,
+    qp: V::Qp,
+    cq: Arc<V::Cq>,
+    id: V::CmId,
+    ch: V::Channel,
+    cmds: DmaBuf<V>,
+    rsps: DmaBuf<V>,
+    /// The provider: its clock and idle wait.
+    verbs: V,
     slots: Vec<Slot>,
     key_stats: KeyStats,
     free: Vec<u16>,
@@ -141,14 +177,14 @@ pub(crate) struct RdmaQueue {
     disconnected: bool,
 }
 
-fn cm_wait(
-    ch: &EventChannel,
+fn cm_wait<V: Verbs>(
+    ch: &V::Channel,
     kind: CmEventKind,
     timeout: Duration,
     peer: SocketAddr,
     qid: u16,
     step: &str,
-) -> Result<nvmf_common::rdma::CmEvent> {
+) -> Result<CmEvent<V::CmId>> {
     match ch.wait_event(kind, timeout) {
         Ok(ev) => Ok(ev),
         Err(RdmaError::CmEventTimeout { .. }) => Err(Error::Timeout {
@@ -236,23 +272,26 @@ pub(crate) fn connect_private_data(qid: u16, depth: u16) -> RdmaCmRequest {
     RdmaCmRequest::new(qid, depth, depth - 1)
 }
 
-impl RdmaQueue {
+impl<V: Verbs> RdmaQueue<V> {
     /// Resolves `peer`, creates the QP on `pd` (or on a new PD of the device the route goes
     /// through, returned), connects with the NVMe-oF private data and waits for the accept.
     /// The queue has `depth` entries (at least 2); with `windows`, one memory window per
-    /// entry (see the module docs).
+    /// entry (see the module docs; only with `RealVerbs`).
     pub(crate) fn connect(
+        verbs: &V,
         peer: SocketAddr,
-        pd: Option<&Arc<ProtectionDomain>>,
+        pd: Option<&Arc<V::Pd>>,
         qid: u16,
         depth: u16,
         windows: bool,
         timeout: Duration,
-    ) -> Result<(Self, Arc<ProtectionDomain>)> {
+    ) -> Result<(Self, Arc<V::Pd>)> {
         if depth < 2 {
             return Err(Error::Invalid(format!("queue depth {depth} is below 2")));
         }
-        let ch = EventChannel::new().map_err(|e| Error::rdma("rdma_create_event_channel", e))?;
+        let ch = verbs
+            .event_channel()
+            .map_err(|e| Error::rdma("rdma_create_event_channel", e))?;
         let id = ch
             .create_id()
             .map_err(|e| Error::rdma("rdma_create_id", e))?;
@@ -261,7 +300,7 @@ impl RdmaQueue {
                 addr: peer,
                 detail: e.to_string(),
             })?;
-        cm_wait(
+        cm_wait::<V>(
             &ch,
             CmEventKind::AddrResolved,
             timeout + Duration::from_secs(1),
@@ -273,7 +312,7 @@ impl RdmaQueue {
             addr: peer,
             detail: e.to_string(),
         })?;
-        cm_wait(
+        cm_wait::<V>(
             &ch,
             CmEventKind::RouteResolved,
             timeout + Duration::from_secs(1),
@@ -286,18 +325,18 @@ impl RdmaQueue {
             detail: format!("no RDMA device on the route: {e}"),
         })?;
         let pd = match pd {
-            Some(pd) if pd.context().as_raw() == ctx.as_raw() => pd.clone(),
+            Some(pd) if pd.context().same_device(&ctx) => pd.clone(),
             Some(_) => {
                 return Err(Error::Invalid(format!(
                     "{peer}: the route now goes through another RDMA device ({}) than the \
                      controller's buffers are registered on",
-                    ctx.device().name
+                    ctx.device_name()
                 )))
             }
-            None => ProtectionDomain::new(&ctx).map_err(|e| Error::rdma("ibv_alloc_pd", e))?,
+            None => V::alloc_pd(&ctx).map_err(|e| Error::rdma("ibv_alloc_pd", e))?,
         };
         let n = u32::from(depth);
-        let cq = CompletionQueue::new(&ctx, (SENDS_PER_CMD + 1) * n + 8)
+        let cq = V::create_cq(&ctx, (SENDS_PER_CMD + 1) * n + 8)
             .map_err(|e| Error::rdma("ibv_create_cq", e))?;
         let qp = id
             .create_qp(
@@ -314,13 +353,18 @@ impl RdmaQueue {
                 },
             )
             .map_err(|e| Error::rdma("rdma_create_qp", e))?;
-        let cmds = DmaBuf::new(&pd, depth as usize * SQE_LEN, AccessFlags::LOCAL_WRITE)
+        let cmds = DmaBuf::<V>::new(&pd, depth as usize * SQE_LEN, AccessFlags::LOCAL_WRITE)
             .map_err(|e| Error::rdma("registering command slots", e))?;
-        let rsps = DmaBuf::new(&pd, depth as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
+        let rsps = DmaBuf::<V>::new(&pd, depth as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
             .map_err(|e| Error::rdma("registering response buffers", e))?;
         let windows = if windows {
+            let Some(real) = real_pd::<V>(&pd) else {
+                return Err(Error::Invalid(
+                    "memory windows exist only over the real verbs provider".into(),
+                ));
+            };
             (0..depth)
-                .map(|_| MemoryWindow::new(&pd))
+                .map(|_| MemoryWindow::new(real))
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| Error::rdma("allocating memory windows", e))?
         } else {
@@ -333,6 +377,7 @@ impl RdmaQueue {
             ch,
             cmds,
             rsps,
+            verbs: verbs.clone(),
             slots: vec![Slot::default(); usize::from(depth)],
             windows,
             key_stats: KeyStats::default(),
@@ -355,7 +400,7 @@ impl RdmaQueue {
             ..ConnParams::default()
         })
         .map_err(|e| Error::rdma(format!("rdma_connect to {peer}"), e))?;
-        let ev = cm_wait(
+        let ev = cm_wait::<V>(
             &q.ch,
             CmEventKind::Established,
             timeout,
@@ -377,6 +422,11 @@ impl RdmaQueue {
 
     pub(crate) fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The verbs provider: its clock ([`Verbs::now`]) and idle wait ([`Verbs::sleep`]).
+    pub(crate) fn verbs(&self) -> &V {
+        &self.verbs
     }
 
     pub(crate) fn has_free_slot(&self) -> bool {
@@ -419,7 +469,7 @@ impl RdmaQueue {
     pub(crate) fn submit(
         &mut self,
         cmd: &mut Command,
-        data: Data,
+        data: Data<'_, V>,
     ) -> std::result::Result<Option<u16>, QueueFault> {
         if self.disconnected {
             return Err(QueueFault::Verb("queue is disconnected".into()));
@@ -429,6 +479,8 @@ impl RdmaQueue {
         };
         cmd.cid.set(cid);
         let mut key = None;
+        // The window bind to chain before the SEND, for `Data::Window`.
+        let mut bind = None;
         let data_sge = match data {
             Data::None => {
                 cmd.set_sgl(SglDescriptor::null());
@@ -439,9 +491,15 @@ impl RdmaQueue {
                 None
             }
             Data::Window {
-                mr, offset, len, ..
+                mr,
+                offset,
+                len,
+                access,
             } => {
-                let Some(mw) = self.windows.get(usize::from(cid)) else {
+                // Windows exist only over the real verbs: `real_mr` always succeeds where
+                // the queue has windows.
+                let (Some(mw), Some(real)) = (self.windows.get(usize::from(cid)), real_mr::<V>(mr))
+                else {
                     self.free.push(cid);
                     return Err(QueueFault::Verb("this queue has no memory windows".into()));
                 };
@@ -453,6 +511,18 @@ impl RdmaQueue {
                     rkey,
                     true,
                 ));
+                // The bind is processed before the SEND that names its key, on this QP.
+                bind = Some(
+                    SendWr::bind_mw(
+                        BIND_BIT | u64::from(cid),
+                        mw,
+                        real,
+                        offset,
+                        len as usize,
+                        access,
+                    )
+                    .signaled(false),
+                );
                 None
             }
             Data::InCapsule(sge) => {
@@ -470,26 +540,9 @@ impl RdmaQueue {
         ];
         let n = 1 + usize::from(data_sge.is_some());
         let send = SendWr::send(u64::from(cid), &sges[..n]);
-        let posted = match data {
-            Data::Window {
-                mr,
-                offset,
-                len,
-                access,
-            } => {
-                // The bind is processed before the SEND that names its key, on this QP.
-                let bind = SendWr::bind_mw(
-                    BIND_BIT | u64::from(cid),
-                    &self.windows[usize::from(cid)],
-                    mr,
-                    offset,
-                    len as usize,
-                    access,
-                )
-                .signaled(false);
-                self.qp.post_send(&[bind, send])
-            }
-            _ => self.qp.post_send(&[send]),
+        let posted = match bind {
+            Some(bind) => self.qp.post_send(&[bind, send]),
+            None => self.qp.post_send(&[send]),
         };
         if let Err(e) = posted {
             self.free.push(cid);
@@ -659,8 +712,8 @@ impl RdmaQueue {
         if !self.disconnected {
             self.disconnected = true;
             if self.id.disconnect().is_ok() && !wait.is_zero() {
-                let deadline = Instant::now() + wait;
-                while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+                let deadline = self.verbs.now() + wait;
+                while let Some(left) = deadline.checked_duration_since(self.verbs.now()) {
                     match self.ch.next_event(left) {
                         Ok(Some(ev)) if ev.kind == CmEventKind::Disconnected => break,
                         Ok(Some(_)) => continue,
@@ -676,7 +729,7 @@ impl RdmaQueue {
     pub(crate) fn run_sync(
         &mut self,
         cmd: &mut Command,
-        data: Data,
+        data: Data<'_, V>,
         timeout: Duration,
         what: &str,
     ) -> Result<Completion> {
@@ -689,7 +742,7 @@ impl RdmaQueue {
             .submit(cmd, data)
             .map_err(|f| fault(self, f))?
             .ok_or_else(|| Error::Invalid(format!("{what}: no free command slot")))?;
-        let deadline = Instant::now() + timeout;
+        let deadline = self.verbs.now() + timeout;
         let mut out = [(0u16, Completion::default()); POLL_BATCH];
         loop {
             let n = self
@@ -702,19 +755,19 @@ impl RdmaQueue {
                 if let Some(f) = self.check_cm() {
                     return Err(fault(self, f));
                 }
-                if Instant::now() >= deadline {
+                if self.verbs.now() >= deadline {
                     return Err(Error::Timeout {
                         what: format!("{what} on queue {} of {}", self.qid, self.peer),
                         after: timeout,
                     });
                 }
-                std::thread::sleep(Duration::from_micros(50));
+                self.verbs.sleep(Duration::from_micros(50));
             }
         }
     }
 }
 
-impl Drop for RdmaQueue {
+impl<V: Verbs> Drop for RdmaQueue<V> {
     fn drop(&mut self) {
         self.disconnect(Duration::ZERO);
     }
