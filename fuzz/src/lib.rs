@@ -1,6 +1,8 @@
-//! Fuzz targets for the two places the target reads bytes a stranger chose: command capsules
-//! (SQE, SGL, in-capsule and host data, Connect data) through the loopback transport, and the
-//! JSON-RPC byte stream with the method handlers behind it.
+//! Fuzz targets for the places the target reads bytes a stranger chose: command capsules
+//! (SQE, SGL, in-capsule and host data, Connect data) through the loopback transport, the
+//! JSON-RPC byte stream with the method handlers behind it, and whole schedules of hostile
+//! RDMA hosts against the real RDMA transport over the simulated fabric (`rdma-chaos`: the
+//! bytes choose connects, capsules, garbage, stalls, disconnects and time jumps).
 //!
 //! Each target is one `fn fuzz_one(data: &[u8])` that panics when an invariant breaks. Two
 //! engines run them: the built-in seeded mutator ([`driver`], a bounded `cargo test` and
@@ -18,6 +20,7 @@ pub fn target(name: &str) -> Option<fn(&[u8])> {
         "capsule" => Some(capsule::fuzz_one),
         "rpc-stream" => Some(rpc::fuzz_stream),
         "rpc-dispatch" => Some(rpc::fuzz_dispatch),
+        "rdma-chaos" => Some(nvmf_tests::chaos::run_bytes),
         _ => None,
     }
 }
@@ -27,11 +30,15 @@ pub fn structure(name: &str) -> Option<driver::StructureMutator> {
     (name == "capsule").then_some(capsule::mutate as driver::StructureMutator)
 }
 
-pub const TARGETS: &[&str] = &["capsule", "rpc-stream", "rpc-dispatch"];
+pub const TARGETS: &[&str] = &["capsule", "rpc-stream", "rpc-dispatch", "rdma-chaos"];
 
 /// The seed corpus of a target, from `fuzz/corpus/<dir>`.
 pub fn corpus_dir(name: &str) -> std::path::PathBuf {
-    let dir = if name == "capsule" { "capsule" } else { "rpc" };
+    let dir = match name {
+        "capsule" => "capsule",
+        "rdma-chaos" => "rdma-chaos",
+        _ => "rpc",
+    };
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("corpus")
         .join(dir)

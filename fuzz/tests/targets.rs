@@ -90,6 +90,11 @@ fn rpc_dispatch_target() {
 }
 
 #[test]
+fn rdma_chaos_target() {
+    fuzz("rdma-chaos", 1024, 60);
+}
+
+#[test]
 fn mutations_are_reproducible() {
     let mut a = driver::Rng::new(7);
     let mut b = driver::Rng::new(7);

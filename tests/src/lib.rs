@@ -2,6 +2,9 @@
 //! transport, and a host that drives it the way Linux's nvme-fabrics host does.
 #![forbid(unsafe_code)]
 
+pub mod chaos;
+pub mod sim;
+
 use std::sync::Arc;
 
 use nvmf_common::spec::command::Command;

@@ -44,6 +44,8 @@ pub mod mr;
 pub mod mw;
 pub mod pd;
 pub mod qp;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod srq;
 pub mod verbs;
 pub mod wr;

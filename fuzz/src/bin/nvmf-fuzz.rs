@@ -4,7 +4,7 @@
 //!     nvmf-fuzz one TARGET [FILE]           one input from FILE or stdin (afl-fuzz, replay)
 //!     nvmf-fuzz seeds DIR                   writes the generated capsule seeds to DIR
 //!
-//! TARGET is capsule, rpc-stream or rpc-dispatch.
+//! TARGET is capsule, rpc-stream, rpc-dispatch or rdma-chaos.
 
 use std::io::Read;
 use std::process::ExitCode;
@@ -78,10 +78,11 @@ fn main() -> ExitCode {
                 iterations: u64::MAX,
                 time: Duration::from_secs(secs),
             };
-            let max_len = if name == "capsule" {
-                nvmf_fuzz::capsule::MAX_INPUT
-            } else {
-                nvmf_fuzz::rpc::MAX_INPUT
+            let max_len = match name.as_str() {
+                "capsule" => nvmf_fuzz::capsule::MAX_INPUT,
+                // A schedule: one or two bytes a choice, at most 200 steps.
+                "rdma-chaos" => 1024,
+                _ => nvmf_fuzz::rpc::MAX_INPUT,
             };
             let structure = nvmf_fuzz::structure(name);
             let execs = driver::run(target, structure, &seeds, seed, budget, max_len, Some(&out));

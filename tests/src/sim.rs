@@ -1,0 +1,601 @@
+//! A target serving the real RDMA transport over the simulated fabric, driven from the test
+//! thread, and raw NVMe-oF RDMA hosts that do exactly what a test tells them (including what
+//! no well-behaved host does: stop posting receives, vanish, send garbage).
+//!
+//! Everything runs on one thread in a fixed order (fabric step, acceptor turn, each reactor's
+//! poll), on the fabric's virtual clock: the same seed gives the same run.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nvmf_common::rdma::sim::{default_device_attr, SimConfig, SimFabric, SimVerbs};
+use nvmf_common::rdma::{
+    AccessFlags, CmEvent, CmEventKind, ConnParams, DeviceAttr, DmaBuf, QpCaps, RecvWr, SendWr,
+    Verbs, VerbsChannel, VerbsCmId, VerbsCq, VerbsMr, VerbsQp, WcOpcode, WcStatus, WorkCompletion,
+};
+use nvmf_common::spec::command::Command;
+use nvmf_common::spec::fabrics::{ConnectCommand, ConnectData, CNTLID_DYNAMIC};
+use nvmf_common::spec::rdma_cm::RdmaCmRequest;
+use nvmf_common::spec::sgl::SglDescriptor;
+use nvmf_common::spec::Completion;
+use nvmf_target::bdev::{BdevRef, MallocBdev};
+use nvmf_target::core::subsystem::ListenAddress;
+use nvmf_target::core::{PollGroup, TargetInfo};
+use nvmf_target::target::{NamespaceOptions, SubsystemOptions, Target};
+use nvmf_target::transport::options::TransportOptions;
+use nvmf_target::transport::rdma::{
+    AcceptorMode, PollGroupResources, RdmaPollGroup, RdmaTransport,
+};
+use zerocopy::{FromBytes, IntoBytes};
+
+pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
+pub const SUBNQN: &str = "nqn.2016-06.io.spdk:sim1";
+pub const PORT: u16 = 4420;
+const SQE_LEN: usize = 64;
+const CQE_LEN: usize = 16;
+
+pub fn target_ip() -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 1, 1))
+}
+
+pub fn host_ip(n: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 2, n))
+}
+
+/// Transport options small enough that tests reach the limits: tiny SRQ, the fewest buffers.
+pub fn small_options() -> TransportOptions {
+    let mut o = TransportOptions::new("RDMA");
+    o.max_srq_depth = 256;
+    o.num_shared_buffers = 32;
+    o
+}
+
+/// The target: one `Target`, `reactors` poll groups and the RDMA transport over a simulated
+/// host, all on the fabric's clock.
+pub struct SimLab {
+    pub fabric: SimFabric,
+    pub verbs: SimVerbs,
+    pub target: Target,
+    pub pgs: Vec<PollGroup>,
+    pub transport: Arc<RdmaTransport<SimVerbs>>,
+    pub bdev: BdevRef,
+}
+
+impl SimLab {
+    pub fn new(seed: u64) -> Self {
+        Self::with(seed, small_options(), 1)
+    }
+
+    pub fn with(seed: u64, opts: TransportOptions, reactors: usize) -> Self {
+        Self::with_device(seed, opts, reactors, default_device_attr())
+    }
+
+    /// A lab whose target device has the limits `attr` (a small CQ, say).
+    pub fn with_target_attr(seed: u64, opts: TransportOptions, attr: DeviceAttr) -> Self {
+        Self::with_device(seed, opts, 1, attr)
+    }
+
+    pub fn with_device(
+        seed: u64,
+        opts: TransportOptions,
+        reactors: usize,
+        attr: DeviceAttr,
+    ) -> Self {
+        let fabric = SimFabric::new(SimConfig {
+            seed,
+            // An RNR NAK timer of a few milliseconds, as RoCE NICs use: a host that never
+            // posts receives then costs the simulation hundreds, not hundreds of thousands,
+            // of retries per simulated second.
+            rnr_timer_ns: 2_000_000,
+            ..SimConfig::default()
+        });
+        let verbs = fabric.add_host_with(target_ip(), attr, "sim-target");
+        let info = Arc::new(TargetInfo::default());
+        let mut target = Target::new(Arc::clone(&info));
+        let mut pgs = Vec::new();
+        for i in 0..reactors {
+            let mut pg = PollGroup::new(i, Arc::clone(&info));
+            pg.core.use_virtual_clock(fabric.clock_ms());
+            target.add_poll_group(pg.handle());
+            pgs.push(pg);
+        }
+        let transport = Arc::new(
+            RdmaTransport::with_verbs(verbs.clone(), opts, AcceptorMode::Driven)
+                .expect("RDMA transport over the simulated fabric"),
+        );
+        target
+            .add_transport(transport.clone())
+            .expect("first transport");
+        let bdev: BdevRef = Arc::new(MallocBdev::new("Malloc0", 4096, 512, None).unwrap());
+        target.bdevs.register(Arc::clone(&bdev)).unwrap();
+        let mut lab = Self {
+            fabric,
+            verbs,
+            target,
+            pgs,
+            transport,
+            bdev,
+        };
+        lab.subsystem(SUBNQN);
+        lab
+    }
+
+    /// An NVM subsystem open to any host with Malloc0 as namespace 1 and a listener on the
+    /// target's address.
+    pub fn subsystem(&mut self, nqn: &str) {
+        let opts = SubsystemOptions {
+            allow_any_host: true,
+            serial_number: "SIM0001".into(),
+            model_number: "rust nvmf sim".into(),
+            ..Default::default()
+        };
+        self.target.create_subsystem(nqn, opts).unwrap();
+        self.target
+            .add_namespace(
+                nqn,
+                NamespaceOptions {
+                    bdev_name: "Malloc0".into(),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        self.target.add_listener(nqn, listen_address()).unwrap();
+        self.turns(4);
+    }
+
+    /// One turn of everything: due fabric events, the acceptor, each reactor.
+    pub fn turn(&mut self) {
+        self.fabric.step();
+        self.transport.acceptor_turn(Duration::ZERO);
+        for pg in &mut self.pgs {
+            pg.poll();
+        }
+    }
+
+    pub fn turns(&mut self, n: usize) {
+        for _ in 0..n {
+            self.turn();
+        }
+    }
+
+    /// Advances virtual time by `d` in steps of `step`, turning everything at each.
+    pub fn run_for(&mut self, d: Duration, step: Duration) {
+        let end = self.fabric.now_ns() + d.as_nanos() as u64;
+        while self.fabric.now_ns() < end {
+            self.fabric.advance(step);
+            self.turn();
+        }
+    }
+
+    /// Turns until `done` holds; panics (naming the seed's trace) after `max` turns.
+    pub fn until(&mut self, max: usize, mut done: impl FnMut(&mut Self) -> bool) {
+        for _ in 0..max {
+            if done(self) {
+                return;
+            }
+            self.turn();
+        }
+        let trace = self.fabric.trace();
+        let tail = &trace[trace.len().saturating_sub(30)..];
+        panic!(
+            "condition not reached after {max} turns; last trace lines:\n{}",
+            tail.join("\n")
+        );
+    }
+
+    /// What reactor `i`'s RDMA poll group holds now.
+    pub fn resources(&mut self, i: usize) -> PollGroupResources {
+        self.pgs[i]
+            .with_transport(0, |t, _| {
+                t.as_any_mut()
+                    .downcast_mut::<RdmaPollGroup<SimVerbs>>()
+                    .expect("the RDMA poll group")
+                    .resources()
+            })
+            .expect("transport 0")
+    }
+
+    pub fn total_resources(&mut self) -> PollGroupResources {
+        let mut sum = PollGroupResources::default();
+        for i in 0..self.pgs.len() {
+            let r = self.resources(i);
+            sum.qpairs += r.qpairs;
+            sum.requests_in_use += r.requests_in_use;
+            sum.buffers_out += r.buffers_out;
+            sum.recv_slots_held += r.recv_slots_held;
+            sum.waiting += r.waiting;
+        }
+        sum
+    }
+
+    /// Runs virtual time until every qpair is gone, then checks nothing is held.
+    pub fn assert_drained(&mut self) {
+        for _ in 0..200 {
+            if self.total_resources().qpairs == 0 {
+                break;
+            }
+            self.run_for(Duration::from_millis(50), Duration::from_millis(5));
+        }
+        let r = self.total_resources();
+        assert_eq!(r.qpairs, 0, "qpairs left: {r:?}");
+        assert_eq!(r.requests_in_use, 0, "requests leaked: {r:?}");
+        assert_eq!(r.buffers_out, 0, "data buffers leaked: {r:?}");
+        assert_eq!(r.recv_slots_held, 0, "SRQ slots leaked: {r:?}");
+    }
+}
+
+pub fn listen_address() -> ListenAddress {
+    ListenAddress {
+        trtype: "RDMA".into(),
+        adrfam: "IPv4".into(),
+        traddr: target_ip().to_string(),
+        trsvcid: PORT.to_string(),
+    }
+}
+
+/// Where a command's data is.
+#[derive(Clone, Copy, Debug)]
+pub enum Data {
+    None,
+    /// `len` bytes of the queue's data buffer at `offset`, named by a keyed SGL.
+    Keyed {
+        offset: usize,
+        len: u32,
+    },
+    /// Keyed, with a key and address the test chose (lies included).
+    RawKeyed {
+        addr: u64,
+        len: u32,
+        key: u32,
+    },
+    /// `len` bytes after the SQE in the capsule, taken from the data buffer at `offset`.
+    InCapsule {
+        offset: usize,
+        len: u32,
+    },
+}
+
+/// Why a connect did not give a queue.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// RDMA CM reject with this NVMe-oF status (0 when the private data carried none).
+    Rejected {
+        status: i32,
+        nvmf_status: u16,
+    },
+    Other(CmEventKind),
+}
+
+/// One raw host queue: an RC QP with its own receive queue, command and response slots, and a
+/// data buffer the target may read and write through its key.
+pub struct HostQueue {
+    pub verbs: SimVerbs,
+    pub channel: <SimVerbs as Verbs>::Channel,
+    pub depth: u16,
+    pub in_capsule: u32,
+    // Field order is drop order: the QP before the memory it names.
+    pub qp: <SimVerbs as Verbs>::Qp,
+    pub id: <SimVerbs as Verbs>::CmId,
+    pub cq: Arc<<SimVerbs as Verbs>::Cq>,
+    pub cmds: DmaBuf<SimVerbs>,
+    pub rsps: DmaBuf<SimVerbs>,
+    pub data: DmaBuf<SimVerbs>,
+    /// Whether completed receives are posted again (a hostile host stops).
+    pub repost: bool,
+    /// Receives on the QP now.
+    pub recvs_posted: usize,
+    pub next_cmd_slot: usize,
+    pub disconnected: bool,
+    /// The target's QP number for this connection (fault injection names it).
+    pub target_qp_num: u32,
+    /// Send completions with an error status (other than flushes).
+    pub send_errors: Vec<WcStatus>,
+}
+
+impl HostQueue {
+    /// Connects queue `qid` of `depth` entries to the lab's target from host `verbs`, and
+    /// posts `depth` receives. Turns the lab while waiting.
+    pub fn connect(
+        lab: &mut SimLab,
+        verbs: &SimVerbs,
+        qid: u16,
+        depth: u16,
+    ) -> Result<Self, Refused> {
+        Self::connect_with(lab, verbs, qid, depth, 8192, usize::from(depth), |req| {
+            req.as_bytes().to_vec()
+        })
+    }
+
+    /// [`connect`](Self::connect) with a data buffer of `data_len` bytes, `recvs` receives
+    /// posted before connecting, and private data made by `private` from the well-formed
+    /// request.
+    pub fn connect_with(
+        lab: &mut SimLab,
+        verbs: &SimVerbs,
+        qid: u16,
+        depth: u16,
+        data_len: usize,
+        recvs: usize,
+        private: impl FnOnce(&RdmaCmRequest) -> Vec<u8>,
+    ) -> Result<Self, Refused> {
+        let channel = verbs.event_channel().expect("event channel");
+        let id = channel.create_id().expect("cm id");
+        let dst = SocketAddr::new(target_ip(), PORT);
+        id.resolve_addr(None, dst, Duration::from_secs(1))
+            .expect("resolve_addr");
+        expect_event(lab, &channel, CmEventKind::AddrResolved);
+        id.resolve_route(Duration::from_secs(1))
+            .expect("resolve_route");
+        expect_event(lab, &channel, CmEventKind::RouteResolved);
+        let ctx = id.context().expect("device");
+        let pd = SimVerbs::alloc_pd(&ctx).expect("pd");
+        let cq = SimVerbs::create_cq(&ctx, u32::from(depth) * 4 + 8).expect("cq");
+        let caps = QpCaps {
+            max_send_wr: u32::from(depth) * 2 + 1,
+            max_recv_wr: u32::from(depth),
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            max_inline_data: SQE_LEN as u32 + 8192,
+        };
+        let qp = id.create_qp(&pd, &cq, &cq, None, caps).expect("qp");
+        let in_capsule = 8192;
+        let cmds = DmaBuf::<SimVerbs>::new(
+            &pd,
+            usize::from(depth) * (SQE_LEN + in_capsule as usize),
+            AccessFlags::LOCAL_WRITE,
+        )
+        .expect("command slots");
+        let rsps =
+            DmaBuf::<SimVerbs>::new(&pd, usize::from(depth) * CQE_LEN, AccessFlags::LOCAL_WRITE)
+                .expect("response slots");
+        let data = DmaBuf::<SimVerbs>::new(&pd, data_len, AccessFlags::ALL_DATA).expect("data");
+        let mut q = Self {
+            verbs: verbs.clone(),
+            channel,
+            depth,
+            in_capsule,
+            qp,
+            id,
+            cq,
+            cmds,
+            rsps,
+            data,
+            repost: true,
+            recvs_posted: 0,
+            next_cmd_slot: 0,
+            disconnected: false,
+            target_qp_num: 0,
+            send_errors: Vec::new(),
+        };
+        for slot in 0..recvs.min(usize::from(depth)) {
+            q.post_recv(slot);
+        }
+        let req = RdmaCmRequest::new(qid, depth, depth - 1);
+        let private_data = private(&req);
+        q.id.connect(&ConnParams {
+            initiator_depth: 16,
+            responder_resources: 16,
+            ..ConnParams::with_private_data(&private_data)
+        })
+        .expect("connect");
+        let ev = next_event(lab, &q.channel);
+        match ev.kind {
+            CmEventKind::Established => {
+                q.target_qp_num = ev.conn.qp_num;
+                Ok(q)
+            }
+            CmEventKind::Rejected => {
+                let nvmf_status = if ev.private_data.len() >= 4 {
+                    u16::from_le_bytes([ev.private_data[2], ev.private_data[3]])
+                } else {
+                    0
+                };
+                Err(Refused::Rejected {
+                    status: ev.status,
+                    nvmf_status,
+                })
+            }
+            other => Err(Refused::Other(other)),
+        }
+    }
+
+    pub fn post_recv(&mut self, slot: usize) {
+        let sge = [self.rsps.sge(slot * CQE_LEN, CQE_LEN).expect("slot")];
+        self.qp
+            .post_recv(&[RecvWr::new(slot as u64, &sge)])
+            .expect("post_recv");
+        self.recvs_posted += 1;
+    }
+
+    /// Sends `cmd` (its CID is the caller's) with `data`; the SGL is filled in here.
+    pub fn submit(&mut self, mut cmd: Command, data: Data) {
+        let slot = self.next_cmd_slot;
+        self.next_cmd_slot = (slot + 1) % usize::from(self.depth);
+        let base = slot * (SQE_LEN + self.in_capsule as usize);
+        cmd.flags |= Command::FLAG_SGL;
+        let mut extra = 0usize;
+        cmd.dptr = match data {
+            Data::None => SglDescriptor::keyed(0, 0, 0, false),
+            Data::Keyed { offset, len } => SglDescriptor::keyed(
+                self.data.mr().remote_addr(offset),
+                len,
+                self.data.mr().rkey(),
+                false,
+            ),
+            Data::RawKeyed { addr, len, key } => SglDescriptor::keyed(addr, len, key, false),
+            Data::InCapsule { offset, len } => {
+                let mut bytes = vec![0u8; len as usize];
+                self.data.read_at(offset, &mut bytes);
+                self.cmds.write_at(base + SQE_LEN, &bytes);
+                extra = len as usize;
+                SglDescriptor::in_capsule(0, len)
+            }
+        };
+        self.cmds.write_at(base, cmd.as_bytes());
+        self.send_raw(base, SQE_LEN + extra);
+    }
+
+    /// Sends `len` bytes of the command region at `base` as one capsule, whatever they hold.
+    /// The bytes go inline (copied at the post), so the slot may be reused at once.
+    pub fn send_raw(&mut self, base: usize, len: usize) {
+        let mut bytes = vec![0u8; len];
+        self.cmds.read_at(base, &mut bytes);
+        self.qp
+            .post_send(&[SendWr::send_inline(u64::MAX, &bytes)])
+            .expect("post_send");
+    }
+
+    /// Writes `bytes` at `base` of the command region (a garbage capsule).
+    pub fn write_capsule(&mut self, base: usize, bytes: &[u8]) {
+        self.cmds.write_at(base, bytes);
+    }
+
+    /// Completions that arrived: responses (their receive is posted again if `repost`).
+    pub fn poll(&mut self) -> Vec<Completion> {
+        let mut wcs = [WorkCompletion::default(); 32];
+        let mut out = Vec::new();
+        loop {
+            let n = match self.cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(_) => return out,
+            };
+            for wc in &wcs[..n] {
+                if wc.opcode().is_recv() || wc.wr_id() < u64::from(self.depth) {
+                    self.recvs_posted -= 1;
+                    if !wc.is_success() {
+                        continue;
+                    }
+                    let slot = wc.wr_id() as usize;
+                    let mut raw = [0u8; CQE_LEN];
+                    self.rsps.read_at(slot * CQE_LEN, &mut raw);
+                    out.push(Completion::read_from_bytes(&raw).expect("16 bytes"));
+                    if self.repost && !self.disconnected {
+                        self.post_recv(slot);
+                    }
+                } else if !wc.is_success() && wc.status() != WcStatus::WR_FLUSH_ERR {
+                    self.send_errors.push(wc.status());
+                }
+                let _ = WcOpcode::SEND;
+            }
+            if n < wcs.len() {
+                return out;
+            }
+        }
+    }
+
+    /// Sends `cmd` and turns the lab until its response arrives.
+    pub fn run(&mut self, lab: &mut SimLab, cmd: Command, data: Data) -> Completion {
+        let cid = cmd.cid.get();
+        self.submit(cmd, data);
+        self.wait(lab, cid)
+    }
+
+    pub fn wait(&mut self, lab: &mut SimLab, cid: u16) -> Completion {
+        let mut got = None;
+        lab.until(20_000, |lab| {
+            let _ = lab;
+            if got.is_none() {
+                got = self.poll().into_iter().find(|c| c.cid.get() == cid);
+            }
+            got.is_some()
+        });
+        got.expect("checked")
+    }
+
+    /// Fabric Connect on this queue (keyed Connect data in the data buffer at offset 0).
+    pub fn fabric_connect(&mut self, lab: &mut SimLab, qid: u16, cntlid: u16) -> Completion {
+        let cmd = ConnectCommand::new(0x7000, qid, self.depth - 1, 30_000).to_command();
+        let cd = ConnectData::new([0x11; 16], cntlid, SUBNQN, HOSTNQN);
+        self.data.write_at(0, cd.as_bytes());
+        self.run(
+            lab,
+            cmd,
+            Data::Keyed {
+                offset: 0,
+                len: cd.as_bytes().len() as u32,
+            },
+        )
+    }
+
+    pub fn disconnect(&mut self) {
+        self.disconnected = true;
+        let _ = self.id.disconnect();
+    }
+}
+
+/// The next CM event on `channel`, turning the lab while there is none.
+pub fn next_event(
+    lab: &mut SimLab,
+    channel: &<SimVerbs as Verbs>::Channel,
+) -> CmEvent<<SimVerbs as Verbs>::CmId> {
+    let mut got = None;
+    lab.until(20_000, |_| {
+        if got.is_none() {
+            got = channel.get_event().expect("get_event");
+        }
+        got.is_some()
+    });
+    got.expect("checked")
+}
+
+fn expect_event(lab: &mut SimLab, channel: &<SimVerbs as Verbs>::Channel, kind: CmEventKind) {
+    let ev = next_event(lab, channel);
+    assert_eq!(ev.kind, kind, "unexpected CM event {ev:?}");
+}
+
+/// Brings up an admin queue and enables the controller; returns the queue and CNTLID.
+pub fn admin_queue(lab: &mut SimLab, verbs: &SimVerbs) -> (HostQueue, u16) {
+    use nvmf_common::spec::fabrics::PropertySetCommand;
+    use nvmf_common::spec::registers::{Cc, Property};
+    let mut q = HostQueue::connect(lab, verbs, 0, 32).expect("admin queue accepted");
+    let c = q.fabric_connect(lab, 0, CNTLID_DYNAMIC);
+    assert!(c.status().is_success(), "Connect failed: {c:?}");
+    let cntlid = c.dw0.get() as u16;
+    let cc = Cc(0).with_iosqes(6).with_iocqes(4).with_en(true);
+    let c = q.run(
+        lab,
+        PropertySetCommand::new(2, Property::CC.0, u64::from(cc.0), false).to_command(),
+        Data::None,
+    );
+    assert!(c.status().is_success(), "CC.EN failed: {c:?}");
+    (q, cntlid)
+}
+
+/// An I/O queue of `depth` connected to controller `cntlid`.
+pub fn io_queue(
+    lab: &mut SimLab,
+    verbs: &SimVerbs,
+    cntlid: u16,
+    depth: u16,
+    data_len: usize,
+) -> HostQueue {
+    let mut q = HostQueue::connect_with(lab, verbs, 1, depth, data_len, usize::from(depth), |r| {
+        r.as_bytes().to_vec()
+    })
+    .expect("I/O queue accepted");
+    let c = q.fabric_connect(lab, 1, cntlid);
+    assert!(c.status().is_success(), "I/O Connect failed: {c:?}");
+    q
+}
+
+/// Reads back `len` bytes the test wrote with [`Data::Keyed`] through the data buffer.
+pub fn data_bytes(q: &HostQueue, offset: usize, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    q.data.read_at(offset, &mut out);
+    out
+}
+
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+pub fn write_cmd(cid: u16, slba: u64, blocks: u32) -> Command {
+    Command::write(cid, 1, slba, blocks)
+}
+
+pub fn read_cmd(cid: u16, slba: u64, blocks: u32) -> Command {
+    Command::read(cid, 1, slba, blocks)
+}

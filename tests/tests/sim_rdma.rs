@@ -1,0 +1,453 @@
+//! The real RDMA transport of the target over the simulated fabric: data moves with keyed
+//! SGLs and in-capsule data, and hosts that stop receiving, vanish, reuse what was freed or
+//! send garbage cannot crash the target, leak its resources or reach another host's bytes.
+
+use std::time::Duration;
+
+use nvmf_common::rdma::sim::SimAsyncEventKind;
+use nvmf_common::spec::command::Command;
+use nvmf_common::spec::rdma_cm::RdmaCmRejectStatus;
+use nvmf_common::spec::Status;
+use nvmf_tests::sim::*;
+
+const BLOCK: usize = 512;
+
+#[test]
+fn keyed_and_in_capsule_writes_read_back_over_rdma() {
+    let mut lab = SimLab::new(1);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut io = io_queue(&mut lab, &host, cntlid, 32, 64 * 1024);
+
+    // Keyed write of 8 blocks, then a keyed read into another part of the buffer.
+    let data = pattern(7, 8 * BLOCK);
+    io.data.write_at(0, &data);
+    let c = io.run(
+        &mut lab,
+        write_cmd(1, 16, 8),
+        Data::Keyed {
+            offset: 0,
+            len: 4096,
+        },
+    );
+    assert!(c.status().is_success(), "{c:?}");
+    let c = io.run(
+        &mut lab,
+        read_cmd(2, 16, 8),
+        Data::Keyed {
+            offset: 32 * 1024,
+            len: 4096,
+        },
+    );
+    assert!(c.status().is_success(), "{c:?}");
+    assert_eq!(data_bytes(&io, 32 * 1024, 4096), data);
+
+    // In-capsule write of 2 blocks, read back.
+    let small = pattern(99, 2 * BLOCK);
+    io.data.write_at(8192, &small);
+    let c = io.run(
+        &mut lab,
+        write_cmd(3, 100, 2),
+        Data::InCapsule {
+            offset: 8192,
+            len: 1024,
+        },
+    );
+    assert!(c.status().is_success(), "{c:?}");
+    let c = io.run(
+        &mut lab,
+        read_cmd(4, 100, 2),
+        Data::Keyed {
+            offset: 16384,
+            len: 1024,
+        },
+    );
+    assert!(c.status().is_success(), "{c:?}");
+    assert_eq!(data_bytes(&io, 16384, 1024), small);
+
+    // A read whose SGL is shorter than the data is refused, not truncated or overrun.
+    let c = io.run(
+        &mut lab,
+        read_cmd(5, 0, 8),
+        Data::Keyed {
+            offset: 0,
+            len: 512,
+        },
+    );
+    assert_eq!(
+        c.status(),
+        Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+        "{c:?}"
+    );
+
+    io.disconnect();
+    admin.disconnect();
+    lab.assert_drained();
+}
+
+#[test]
+fn a_connect_with_bad_private_data_is_rejected_with_its_status() {
+    let mut lab = SimLab::new(2);
+    let host = lab.fabric.add_host(host_ip(1));
+    // Three bytes arrive padded to RoCE's 56: long enough, but not an NVMe-oF record.
+    let r = HostQueue::connect_with(&mut lab, &host, 0, 32, 4096, 32, |_| vec![1, 2, 3]);
+    match r {
+        Err(Refused::Rejected { nvmf_status, .. }) => {
+            assert_eq!(nvmf_status, RdmaCmRejectStatus::INVALID_RECFMT.0)
+        }
+        other => panic!("expected a reject, got {:?}", other.map(|_| ())),
+    }
+    let r = HostQueue::connect_with(&mut lab, &host, 0, 4000, 4096, 32, |req| {
+        zerocopy::IntoBytes::as_bytes(req).to_vec()
+    });
+    match r {
+        Err(Refused::Rejected { nvmf_status, .. }) => {
+            assert_eq!(nvmf_status, RdmaCmRejectStatus::INVALID_HSQSIZE.0)
+        }
+        other => panic!("expected a reject, got {:?}", other.map(|_| ())),
+    }
+    lab.assert_drained();
+}
+
+/// Defect 1 of issue 11, end to end: a host pins the data pool (it posts no receives, so the
+/// target's response SENDs wait in RNR forever) with more commands than there are buffers,
+/// so the wait queues fill; it disconnects, its qpair is reaped, and a shallow connection
+/// takes the same qpair index. Stale wait-queue entries must not be served against it.
+#[test]
+fn stale_waiters_of_a_reaped_qpair_are_not_served_to_the_next_one() {
+    let mut lab = SimLab::new(3);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+
+    // Queue A: 128 deep, one receive (for its Connect response), then none.
+    let mut a = HostQueue::connect_with(&mut lab, &host, 1, 128, 128 * 16 * 1024, 1, |r| {
+        zerocopy::IntoBytes::as_bytes(r).to_vec()
+    })
+    .expect("queue A");
+    a.repost = false;
+    let c = a.fabric_connect(&mut lab, 1, cntlid);
+    assert!(c.status().is_success(), "{c:?}");
+    // 127 writes of 16 KiB (large buffers: 64 in the pool): responses pile up in RNR and
+    // the rest wait for buffers.
+    for i in 0..127u16 {
+        let off = usize::from(i) * 16 * 1024;
+        a.submit(
+            write_cmd(i + 1, u64::from(i) * 32, 32),
+            Data::Keyed {
+                offset: off,
+                len: 16 * 1024,
+            },
+        );
+    }
+    lab.run_for(Duration::from_millis(20), Duration::from_millis(1));
+    let held = lab.resources(0);
+    assert!(held.waiting > 0, "nothing waits: {held:?}");
+    assert!(held.buffers_out > 0, "no buffer pinned: {held:?}");
+
+    a.disconnect();
+    drop(a);
+    lab.until(20_000, |lab| lab.resources(0).qpairs == 1);
+
+    // Queue B, depth 2, reuses A's index and must work.
+    let mut b = io_queue(&mut lab, &host, cntlid, 2, 8192);
+    let data = pattern(3, 4096);
+    b.data.write_at(0, &data);
+    let c = b.run(
+        &mut lab,
+        write_cmd(1, 0, 8),
+        Data::Keyed {
+            offset: 0,
+            len: 4096,
+        },
+    );
+    assert!(c.status().is_success(), "{c:?}");
+    let c = b.run(
+        &mut lab,
+        read_cmd(2, 0, 8),
+        Data::Keyed {
+            offset: 4096,
+            len: 4096,
+        },
+    );
+    assert!(c.status().is_success(), "{c:?}");
+    assert_eq!(data_bytes(&b, 4096, 4096), data);
+    b.disconnect();
+    admin.disconnect();
+    lab.assert_drained();
+}
+
+/// Defect 3 of issue 11: the SEND of a `[RDMA WRITE, SEND]` response fails to post after the
+/// WRITE was posted. The buffer the WRITE reads must stay out of the pool until the QP is
+/// destroyed: another host's data written meanwhile must never reach this host.
+#[test]
+fn a_buffer_behind_a_posted_write_is_not_reused_before_the_qp_is_gone() {
+    let mut lab = SimLab::new(4);
+    let host_a = lab.fabric.add_host(host_ip(1));
+    let host_b = lab.fabric.add_host(host_ip(2));
+    let (mut admin_a, cntlid_a) = admin_queue(&mut lab, &host_a);
+    let (mut admin_b, cntlid_b) = admin_queue(&mut lab, &host_b);
+    let mut a = io_queue(&mut lab, &host_a, cntlid_a, 8, 64 * 1024);
+    let mut b = io_queue(&mut lab, &host_b, cntlid_b, 8, 64 * 1024);
+
+    // A reads zeroes from blocks 0..8 (never written); its WRITE is held on the wire and the
+    // SEND behind it fails to post.
+    a.data.write_at(0, &[0xAA; 4096]);
+    lab.fabric.hold_writes(a.target_qp_num);
+    lab.fabric
+        .fail_post_send(a.target_qp_num, 0, 1, 12 /* ENOMEM */);
+    a.submit(
+        read_cmd(1, 0, 8),
+        Data::Keyed {
+            offset: 0,
+            len: 4096,
+        },
+    );
+    lab.run_for(Duration::from_millis(5), Duration::from_millis(1));
+
+    // B writes a marker to other blocks through the pool, many times, while A's qpair closes.
+    let marker = vec![0x5Au8; 4096];
+    b.data.write_at(0, &marker);
+    for i in 0..32u16 {
+        let c = b.run(
+            &mut lab,
+            write_cmd(i + 1, 1000, 8),
+            Data::Keyed {
+                offset: 0,
+                len: 4096,
+            },
+        );
+        assert!(c.status().is_success(), "{c:?}");
+    }
+    lab.fabric.release_writes(a.target_qp_num);
+    lab.run_for(Duration::from_millis(3000), Duration::from_millis(10));
+    let got = data_bytes(&a, 0, 4096);
+    assert!(
+        got.iter().all(|&x| x == 0) || got.iter().all(|&x| x == 0xAA),
+        "host A received bytes it never asked for: {:?}",
+        &got[..16]
+    );
+    assert!(!got.contains(&0x5A), "host B's data reached host A");
+    drop(a);
+    b.disconnect();
+    admin_a.disconnect();
+    admin_b.disconnect();
+    lab.assert_drained();
+}
+
+/// Issue 12's hostile host on RDMA: it sends commands and never takes a response. The
+/// transfer timeout closes its queue and frees every buffer; another host's I/O goes on.
+#[test]
+fn a_host_that_never_takes_its_responses_is_cut_off_and_others_go_on() {
+    let mut lab = SimLab::new(5);
+    let bad = lab.fabric.add_host(host_ip(1));
+    let good = lab.fabric.add_host(host_ip(2));
+    let (mut admin_bad, cntlid_bad) = admin_queue(&mut lab, &bad);
+    let (mut admin_good, cntlid_good) = admin_queue(&mut lab, &good);
+    let mut hostile = HostQueue::connect_with(&mut lab, &bad, 1, 64, 64 * 16 * 1024, 1, |r| {
+        zerocopy::IntoBytes::as_bytes(r).to_vec()
+    })
+    .expect("hostile queue");
+    hostile.repost = false;
+    let c = hostile.fabric_connect(&mut lab, 1, cntlid_bad);
+    assert!(c.status().is_success());
+    for i in 0..63u16 {
+        hostile.submit(
+            read_cmd(i + 1, 0, 32),
+            Data::Keyed {
+                offset: usize::from(i) * 16 * 1024,
+                len: 16 * 1024,
+            },
+        );
+    }
+    lab.run_for(Duration::from_millis(50), Duration::from_millis(1));
+    assert!(lab.resources(0).buffers_out > 0);
+
+    let mut io = io_queue(&mut lab, &good, cntlid_good, 16, 64 * 1024);
+    for i in 0..20u16 {
+        let c = io.run(
+            &mut lab,
+            read_cmd(i + 1, 8, 8),
+            Data::Keyed {
+                offset: 0,
+                len: 4096,
+            },
+        );
+        assert!(c.status().is_success(), "the good host starved: {c:?}");
+    }
+    // 35 s of virtual time, both hosts keeping their controllers alive: the transfer timeout
+    // (30 s) closes the hostile queue and its buffers come back.
+    for n in 0..7u16 {
+        lab.run_for(Duration::from_secs(5), Duration::from_millis(100));
+        for q in [&mut admin_bad, &mut admin_good] {
+            let c = q.run(&mut lab, Command::keep_alive(500 + n), Data::None);
+            assert!(c.status().is_success(), "{c:?}");
+        }
+    }
+    let r = lab.resources(0);
+    assert_eq!(r.qpairs, 3, "hostile queue still open: {r:?}");
+    let c = io.run(
+        &mut lab,
+        read_cmd(99, 8, 8),
+        Data::Keyed {
+            offset: 0,
+            len: 4096,
+        },
+    );
+    assert!(c.status().is_success());
+    drop(hostile);
+    io.disconnect();
+    admin_bad.disconnect();
+    admin_good.disconnect();
+    lab.assert_drained();
+}
+
+/// A host disconnects at every point of a burst of mixed commands, so each request state
+/// (waiting for a buffer, reading, executing, waiting to send, sending) meets a disconnect.
+#[test]
+fn a_disconnect_in_every_request_state_leaks_nothing() {
+    for cut in 0..40usize {
+        let mut lab = SimLab::new(100 + cut as u64);
+        let host = lab.fabric.add_host(host_ip(1));
+        let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+        let mut io = io_queue(&mut lab, &host, cntlid, 32, 32 * 16 * 1024);
+        for i in 0..31u16 {
+            let off = usize::from(i) * 16 * 1024;
+            let cmd = match i % 3 {
+                0 => write_cmd(i + 1, u64::from(i) * 32, 32),
+                1 => read_cmd(i + 1, u64::from(i) * 32, 32),
+                _ => write_cmd(i + 1, u64::from(i), 1),
+            };
+            let data = if i % 3 == 2 {
+                Data::InCapsule {
+                    offset: off,
+                    len: 512,
+                }
+            } else {
+                Data::Keyed {
+                    offset: off,
+                    len: 16 * 1024,
+                }
+            };
+            io.submit(cmd, data);
+        }
+        lab.turns(cut);
+        io.disconnect();
+        drop(io);
+        admin.disconnect();
+        lab.assert_drained();
+    }
+}
+
+/// Capsules shorter than an SQE, SQEs of random bytes and commands with lying SGLs: the
+/// target answers or closes the queue, never panics, and leaks nothing.
+#[test]
+fn garbage_and_truncated_capsules_close_the_queue_or_fail_the_command() {
+    let mut lab = SimLab::new(6);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+
+    // A lying key and an address outside the host's memory: the RDMA READ fails at the host,
+    // the qpair goes to error and is reaped.
+    let mut io = io_queue(&mut lab, &host, cntlid, 8, 8192);
+    io.submit(
+        write_cmd(1, 0, 8),
+        Data::RawKeyed {
+            addr: 0xdead_0000,
+            len: 4096,
+            key: 0x1234,
+        },
+    );
+    lab.run_for(Duration::from_millis(100), Duration::from_millis(1));
+    drop(io);
+
+    // Truncated capsule: 10 bytes.
+    let mut io = io_queue(&mut lab, &host, cntlid, 8, 8192);
+    io.write_capsule(0, &[0xFF; 10]);
+    io.send_raw(0, 10);
+    lab.run_for(Duration::from_millis(100), Duration::from_millis(1));
+    drop(io);
+
+    // Random SQEs.
+    let mut io = io_queue(&mut lab, &host, cntlid, 8, 8192);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for n in 0..6 {
+        let mut bytes = [0u8; 64];
+        for b in bytes.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        let base = n * (64 + 8192);
+        io.write_capsule(base, &bytes);
+        io.send_raw(base, 64);
+    }
+    lab.run_for(Duration::from_millis(100), Duration::from_millis(1));
+    let _ = io.poll();
+    drop(io);
+
+    // The admin queue still works.
+    let c = admin.run(&mut lab, Command::keep_alive(77), Data::None);
+    assert!(c.status().is_success(), "{c:?}");
+    admin.disconnect();
+    lab.assert_drained();
+}
+
+/// Defect 5 of issue 11: a device whose CQ is small. Connections that would let the CQ
+/// overrun are refused; the ones accepted keep working, and closing them all at once (every
+/// send WR flushed) does not overrun it.
+#[test]
+fn the_shared_cq_never_overruns_and_refuses_what_it_cannot_hold() {
+    let mut attr = nvmf_common::rdma::sim::default_device_attr();
+    attr.max_cqe = 1024;
+    let mut lab = SimLab::with_target_attr(7, small_options(), attr);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut queues = Vec::new();
+    let mut refused = 0;
+    for qid in 1..=12 {
+        match HostQueue::connect_with(&mut lab, &host, qid, 16, 16 * 4096, 16, |r| {
+            zerocopy::IntoBytes::as_bytes(r).to_vec()
+        }) {
+            Ok(mut q) => {
+                let c = q.fabric_connect(&mut lab, qid, cntlid);
+                assert!(c.status().is_success());
+                queues.push(q);
+            }
+            Err(Refused::Rejected { nvmf_status, .. }) => {
+                assert_eq!(nvmf_status, RdmaCmRejectStatus::NO_RESOURCES.0);
+                refused += 1;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert!(refused > 0, "a 1024-entry CQ took every connection");
+    assert!(!queues.is_empty());
+    // Fill every accepted queue with reads, then the host vanishes: all flush at once.
+    for q in &mut queues {
+        for i in 0..15u16 {
+            q.submit(
+                read_cmd(i + 1, 0, 8),
+                Data::Keyed {
+                    offset: usize::from(i) * 4096,
+                    len: 4096,
+                },
+            );
+        }
+    }
+    lab.turns(3);
+    for q in &mut queues {
+        q.disconnect();
+    }
+    queues.clear();
+    admin.disconnect();
+    lab.assert_drained();
+    let events = lab.fabric.take_async_events_of(&lab.verbs);
+    assert!(
+        !events.iter().any(|e| matches!(
+            e.kind,
+            SimAsyncEventKind::CqErr | SimAsyncEventKind::QpFatal
+        )),
+        "the target's CQ overran: {events:?}"
+    );
+}
