@@ -91,6 +91,20 @@ impl SimLab {
             ..SimConfig::default()
         });
         let verbs = fabric.add_host_with(target_ip(), attr, "sim-target");
+        let bdev: BdevRef = Arc::new(MallocBdev::new("Malloc0", 4096, 512, None).unwrap());
+        Self::on_host(fabric, verbs, bdev, opts, reactors)
+    }
+
+    /// A target on the existing host `verbs` of `fabric`, serving `bdev` (named "Malloc0") as
+    /// namespace 1 of [`SUBNQN`]: with the parts [`stop`](Self::stop) leaves, a restarted
+    /// target at the same address with the same data.
+    pub fn on_host(
+        fabric: SimFabric,
+        verbs: SimVerbs,
+        bdev: BdevRef,
+        opts: TransportOptions,
+        reactors: usize,
+    ) -> Self {
         let info = Arc::new(TargetInfo::default());
         let mut target = Target::new(Arc::clone(&info));
         let mut pgs = Vec::new();
@@ -107,7 +121,6 @@ impl SimLab {
         target
             .add_transport(transport.clone())
             .expect("first transport");
-        let bdev: BdevRef = Arc::new(MallocBdev::new("Malloc0", 4096, 512, None).unwrap());
         target.bdevs.register(Arc::clone(&bdev)).unwrap();
         let mut lab = Self {
             fabric,
@@ -119,6 +132,25 @@ impl SimLab {
         };
         lab.subsystem(SUBNQN);
         lab
+    }
+
+    /// Tears the target down at once, as a killed target process: the poll groups (their
+    /// connections' QPs and CM ids: hosts get a DREQ), the target and the transport (its
+    /// listeners) are dropped, with no orderly shutdown. Returns what outlives the process:
+    /// the fabric, the target's host and the bdev (see [`on_host`](Self::on_host)).
+    pub fn stop(self) -> (SimFabric, SimVerbs, BdevRef) {
+        let Self {
+            fabric,
+            verbs,
+            target,
+            pgs,
+            transport,
+            bdev,
+        } = self;
+        drop(pgs);
+        drop(target);
+        drop(transport);
+        (fabric, verbs, bdev)
     }
 
     /// An NVM subsystem open to any host with Malloc0 as namespace 1 and a listener on the
@@ -144,9 +176,26 @@ impl SimLab {
         self.turns(4);
     }
 
-    /// One turn of everything: due fabric events, the acceptor, each reactor.
+    /// One turn of everything: the acceptor, each reactor, then the fabric. While the target
+    /// has work in hand only the fabric events due now run; when it is idle the fabric moves
+    /// virtual time on to its next event. So time never leaps past work the target could
+    /// have done at once (its timers would fire early).
     pub fn turn(&mut self) {
-        self.fabric.step();
+        let mut work = self.transport.acceptor_turn(Duration::ZERO);
+        for pg in &mut self.pgs {
+            work += pg.poll();
+        }
+        if work > 0 {
+            self.fabric.advance(Duration::ZERO);
+        } else {
+            self.fabric.step();
+        }
+    }
+
+    /// The target's side of a turn, without stepping the fabric: the acceptor, then each
+    /// reactor. For a fabric idle hook ([`SimFabric::set_idle_hook`]), which runs while an
+    /// initiator on the same fabric waits (the waiting call steps the fabric itself).
+    pub fn target_turn(&mut self) {
         self.transport.acceptor_turn(Duration::ZERO);
         for pg in &mut self.pgs {
             pg.poll();

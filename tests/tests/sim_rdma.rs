@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use nvmf_common::rdma::sim::SimAsyncEventKind;
+use nvmf_common::rdma::sim::{SimAsyncEvent, SimAsyncEventKind};
 use nvmf_common::spec::command::Command;
 use nvmf_common::spec::rdma_cm::RdmaCmRejectStatus;
 use nvmf_common::spec::Status;
@@ -109,47 +109,90 @@ fn a_connect_with_bad_private_data_is_rejected_with_its_status() {
     lab.assert_drained();
 }
 
-/// Defect 1 of issue 11, end to end: a host pins the data pool (it posts no receives, so the
-/// target's response SENDs wait in RNR forever) with more commands than there are buffers,
-/// so the wait queues fill; it disconnects, its qpair is reaped, and a shallow connection
-/// takes the same qpair index. Stale wait-queue entries must not be served against it.
+/// Defect 1 of issue 11, end to end: hosts that post no receives pin the large data pool
+/// (their responses wait in RNR, which they asked to retry for ever), so queue A's commands
+/// wait for buffers behind them; A disconnects and is reaped while its entries stay queued,
+/// and a shallow queue B takes A's qpair index. When the pool frees up, A's stale entries
+/// must be dropped, not served against B's shorter request array (that panicked the reactor).
 #[test]
 fn stale_waiters_of_a_reaped_qpair_are_not_served_to_the_next_one() {
     let mut lab = SimLab::new(3);
     let host = lab.fabric.add_host(host_ip(1));
+    let hostile = lab.fabric.add_host(host_ip(2));
     let (mut admin, cntlid) = admin_queue(&mut lab, &host);
-
-    // Queue A: 128 deep, one receive (for its Connect response), then none.
-    let mut a = HostQueue::connect_with(&mut lab, &host, 1, 128, 128 * 16 * 1024, 1, |r| {
-        zerocopy::IntoBytes::as_bytes(r).to_vec()
-    })
-    .expect("queue A");
-    a.repost = false;
-    let c = a.fabric_connect(&mut lab, 1, cntlid);
-    assert!(c.status().is_success(), "{c:?}");
-    // 127 writes of 16 KiB (large buffers: 64 in the pool): responses pile up in RNR and
-    // the rest wait for buffers.
-    for i in 0..127u16 {
-        let off = usize::from(i) * 16 * 1024;
-        a.submit(
-            write_cmd(i + 1, u64::from(i) * 32, 32),
-            Data::Keyed {
-                offset: off,
-                len: 16 * 1024,
-            },
-        );
+    let (mut hostile_admin, hostile_cntlid) = admin_queue(&mut lab, &hostile);
+    let large = |i: u16| Data::Keyed {
+        offset: usize::from(i) * 16 * 1024,
+        len: 16 * 1024,
+    };
+    let small = |i: u16| Data::Keyed {
+        offset: usize::from(i) * 16 * 1024,
+        len: 4096,
+    };
+    // Eight pinning queues of 16 writes each: four pin the whole large pool (64 buffers, at
+    // most 16 per qpair), four the small one. A ninth queues one small and one large write,
+    // which head the buffer FIFO while both pools are empty.
+    let mut pinning = Vec::new();
+    for qid in 1..=9u16 {
+        let mut q = HostQueue::connect_with(&mut lab, &hostile, qid, 32, 16 * 16 * 1024, 1, |r| {
+            zerocopy::IntoBytes::as_bytes(r).to_vec()
+        })
+        .expect("pinning queue");
+        q.repost = false;
+        let c = q.fabric_connect(&mut lab, qid, hostile_cntlid);
+        assert!(c.status().is_success(), "{c:?}");
+        pinning.push(q);
     }
-    lab.run_for(Duration::from_millis(20), Duration::from_millis(1));
-    let held = lab.resources(0);
-    assert!(held.waiting > 0, "nothing waits: {held:?}");
-    assert!(held.buffers_out > 0, "no buffer pinned: {held:?}");
+    let mut a = io_queue(&mut lab, &host, cntlid, 128, 100 * 16 * 1024);
+    for (n, q) in pinning.iter_mut().enumerate() {
+        if n == 8 {
+            q.submit(write_cmd(1, 0, 8), small(0));
+            q.submit(write_cmd(2, 0, 32), large(1));
+        } else {
+            for i in 0..16u16 {
+                let data = if n < 4 { large(i) } else { small(i) };
+                let blocks = if n < 4 { 32 } else { 8 };
+                q.submit(write_cmd(i + 1, u64::from(i) * 32, blocks), data);
+            }
+        }
+        lab.run_for(Duration::from_millis(2), Duration::from_millis(1));
+    }
+    assert_eq!(lab.resources(0).buffers_out, 128, "both pools are pinned");
 
+    // Queue A (connected before the pools were pinned): 100 large writes, all waiting.
+    for i in 0..100u16 {
+        a.submit(write_cmd(i + 1, u64::from(i) * 32, 32), large(i));
+    }
+    lab.run_for(Duration::from_millis(2), Duration::from_millis(1));
+    assert!(lab.resources(0).waiting >= 102, "{:?}", lab.resources(0));
+    let before = lab.resources(0).qpairs;
     a.disconnect();
     drop(a);
-    lab.until(20_000, |lab| lab.resources(0).qpairs == 1);
+    lab.until(20_000, |lab| lab.resources(0).qpairs == before - 1);
+    assert!(
+        lab.resources(0).waiting >= 102,
+        "A's entries are still queued behind the pinned pools"
+    );
 
-    // Queue B, depth 2, reuses A's index and must work.
-    let mut b = io_queue(&mut lab, &host, cntlid, 2, 8192);
+    // Queue B, depth 2, takes A's index (at the RDMA connect; its Fabrics Connect needs a
+    // buffer and comes after); then the pinning host starts receiving again.
+    let mut b = HostQueue::connect_with(&mut lab, &host, 1, 2, 8192, 2, |r| {
+        zerocopy::IntoBytes::as_bytes(r).to_vec()
+    })
+    .expect("queue B");
+    lab.turns(10);
+    for q in &mut pinning {
+        q.repost = true;
+        for slot in 0..usize::from(q.depth) {
+            q.post_recv(slot);
+        }
+    }
+    lab.run_for(Duration::from_millis(20), Duration::from_millis(1));
+    for q in &mut pinning {
+        q.poll();
+    }
+    let c = b.fabric_connect(&mut lab, 1, cntlid);
+    assert!(c.status().is_success(), "{c:?}");
     let data = pattern(3, 4096);
     b.data.write_at(0, &data);
     let c = b.run(
@@ -172,7 +215,11 @@ fn stale_waiters_of_a_reaped_qpair_are_not_served_to_the_next_one() {
     assert!(c.status().is_success(), "{c:?}");
     assert_eq!(data_bytes(&b, 4096, 4096), data);
     b.disconnect();
+    for q in &mut pinning {
+        q.disconnect();
+    }
     admin.disconnect();
+    hostile_admin.disconnect();
     lab.assert_drained();
 }
 
@@ -202,23 +249,28 @@ fn a_buffer_behind_a_posted_write_is_not_reused_before_the_qp_is_gone() {
             len: 4096,
         },
     );
-    lab.run_for(Duration::from_millis(5), Duration::from_millis(1));
+    lab.turns(20);
 
-    // B writes a marker to other blocks through the pool, many times, while A's qpair closes.
+    // Before the next tick closes A's qpair, B writes a marker through every buffer of the
+    // small pool (64), so a buffer given back too early now holds B's data; then A's WRITE
+    // goes out.
+    let start = lab.fabric.now_ns();
     let marker = vec![0x5Au8; 4096];
     b.data.write_at(0, &marker);
-    for i in 0..32u16 {
-        let c = b.run(
-            &mut lab,
-            write_cmd(i + 1, 1000, 8),
-            Data::Keyed {
-                offset: 0,
-                len: 4096,
-            },
-        );
+    for i in 0..80u16 {
+        let keyed = Data::Keyed {
+            offset: 0,
+            len: 4096,
+        };
+        let c = b.run(&mut lab, write_cmd(i + 1, 1000, 8), keyed);
         assert!(c.status().is_success(), "{c:?}");
     }
     lab.fabric.release_writes(a.target_qp_num);
+    lab.turns(50);
+    assert!(
+        lab.fabric.now_ns() - start < 10_000_000,
+        "the scenario must fit between two ticks"
+    );
     lab.run_for(Duration::from_millis(3000), Duration::from_millis(10));
     let got = data_bytes(&a, 0, 4096);
     assert!(
@@ -393,23 +445,25 @@ fn garbage_and_truncated_capsules_close_the_queue_or_fail_the_command() {
     lab.assert_drained();
 }
 
-/// Defect 5 of issue 11: a device whose CQ is small. Connections that would let the CQ
-/// overrun are refused; the ones accepted keep working, and closing them all at once (every
-/// send WR flushed) does not overrun it.
+/// Defect 5 of issue 11: a device whose CQ is small (512 entries, the device maximum).
+/// A host that stops receiving piles up send work requests on 20 queues, then disconnects
+/// them all while the reactor is busy, so every one of them is flushed into the CQ at once. Connections whose send queues the CQ could not absorb are refused up
+/// front; the CQ never overruns (an overrun breaks every QP of the device).
 #[test]
 fn the_shared_cq_never_overruns_and_refuses_what_it_cannot_hold() {
     let mut attr = nvmf_common::rdma::sim::default_device_attr();
-    attr.max_cqe = 1024;
+    attr.max_cqe = 512;
     let mut lab = SimLab::with_target_attr(7, small_options(), attr);
     let host = lab.fabric.add_host(host_ip(1));
     let (mut admin, cntlid) = admin_queue(&mut lab, &host);
     let mut queues = Vec::new();
     let mut refused = 0;
-    for qid in 1..=12 {
-        match HostQueue::connect_with(&mut lab, &host, qid, 16, 16 * 4096, 16, |r| {
+    for qid in 1..=20 {
+        match HostQueue::connect_with(&mut lab, &host, qid, 16, 4096, 1, |r| {
             zerocopy::IntoBytes::as_bytes(r).to_vec()
         }) {
             Ok(mut q) => {
+                q.repost = false;
                 let c = q.fabric_connect(&mut lab, qid, cntlid);
                 assert!(c.status().is_success());
                 queues.push(q);
@@ -421,33 +475,114 @@ fn the_shared_cq_never_overruns_and_refuses_what_it_cannot_hold() {
             Err(e) => panic!("{e:?}"),
         }
     }
-    assert!(refused > 0, "a 1024-entry CQ took every connection");
     assert!(!queues.is_empty());
-    // Fill every accepted queue with reads, then the host vanishes: all flush at once.
+    // 32 Flushes on each (twice the depth: the most request slots a queue has; no data, so
+    // no buffer pool limits them), whose response SENDs wait in RNR; then the host
+    // disconnects everything.
     for q in &mut queues {
-        for i in 0..15u16 {
-            q.submit(
-                read_cmd(i + 1, 0, 8),
-                Data::Keyed {
-                    offset: usize::from(i) * 4096,
-                    len: 4096,
-                },
-            );
+        for i in 0..32u16 {
+            q.submit(Command::flush(i + 1, 1), Data::None);
         }
     }
-    lab.turns(3);
+    lab.run_for(Duration::from_millis(5), Duration::from_millis(1));
     for q in &mut queues {
         q.disconnect();
     }
+    // The reactor is busy elsewhere while every disconnect arrives: all the flushes land in
+    // the CQ before it is polled again.
+    lab.fabric.advance(Duration::from_millis(50));
     queues.clear();
     admin.disconnect();
     lab.assert_drained();
-    let events = lab.fabric.take_async_events_of(&lab.verbs);
-    assert!(
-        !events.iter().any(|e| matches!(
-            e.kind,
-            SimAsyncEventKind::CqErr | SimAsyncEventKind::QpFatal
-        )),
-        "the target's CQ overran: {events:?}"
+    let lost = lab.fabric.stats().cqes_lost;
+    assert_eq!(
+        lost, 0,
+        "the target's CQ overran and lost {lost} completions"
     );
+    assert!(refused > 0, "a 512-entry CQ took every connection");
+}
+
+/// Issue 11's fifth defect, the events side: the device reports one QP broken. That qpair
+/// (and only it) is closed; the other host's I/O goes on.
+#[test]
+fn a_fatal_qp_event_closes_that_qpair_only() {
+    let mut lab = SimLab::new(8);
+    let host_a = lab.fabric.add_host(host_ip(1));
+    let host_b = lab.fabric.add_host(host_ip(2));
+    let (mut admin_a, cntlid_a) = admin_queue(&mut lab, &host_a);
+    let (mut admin_b, cntlid_b) = admin_queue(&mut lab, &host_b);
+    let mut a = io_queue(&mut lab, &host_a, cntlid_a, 8, 8192);
+    let mut b = io_queue(&mut lab, &host_b, cntlid_b, 8, 8192);
+    assert_eq!(lab.resources(0).qpairs, 4);
+    lab.fabric.inject_async_event(
+        target_ip(),
+        SimAsyncEvent {
+            kind: SimAsyncEventKind::QpFatal,
+            qp_num: Some(a.target_qp_num),
+            cq_id: None,
+        },
+    );
+    lab.until(20_000, |lab| lab.resources(0).qpairs == 3);
+    let ev = next_event(&mut lab, &a.channel);
+    assert_eq!(ev.kind, nvmf_common::rdma::CmEventKind::Disconnected);
+    let c = b.run(
+        &mut lab,
+        read_cmd(1, 0, 8),
+        Data::Keyed {
+            offset: 0,
+            len: 4096,
+        },
+    );
+    assert!(c.status().is_success(), "{c:?}");
+    a.disconnect();
+    b.disconnect();
+    admin_a.disconnect();
+    admin_b.disconnect();
+    lab.assert_drained();
+}
+
+/// A fatal device event closes every qpair on the device; once they are gone the reactor
+/// rebuilds the device's CQ, SRQ and buffers, and new connections work.
+#[test]
+fn a_fatal_device_event_closes_everything_and_the_device_is_rebuilt() {
+    let mut lab = SimLab::new(9);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (_admin, cntlid) = admin_queue(&mut lab, &host);
+    let _io = io_queue(&mut lab, &host, cntlid, 8, 8192);
+    lab.fabric.inject_async_event(
+        target_ip(),
+        SimAsyncEvent {
+            kind: SimAsyncEventKind::DeviceFatal,
+            qp_num: None,
+            cq_id: None,
+        },
+    );
+    lab.until(50_000, |lab| lab.resources(0).qpairs == 0);
+    // A new controller on the rebuilt device.
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut io = io_queue(&mut lab, &host, cntlid, 8, 8192);
+    let data = pattern(11, 4096);
+    io.data.write_at(0, &data);
+    let c = io.run(
+        &mut lab,
+        write_cmd(1, 40, 8),
+        Data::Keyed {
+            offset: 0,
+            len: 4096,
+        },
+    );
+    assert!(c.status().is_success(), "{c:?}");
+    let c = io.run(
+        &mut lab,
+        read_cmd(2, 40, 8),
+        Data::Keyed {
+            offset: 4096,
+            len: 4096,
+        },
+    );
+    assert!(c.status().is_success(), "{c:?}");
+    assert_eq!(data_bytes(&io, 4096, 4096), data);
+    io.disconnect();
+    admin.disconnect();
+    lab.assert_drained();
 }

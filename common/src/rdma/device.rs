@@ -193,6 +193,8 @@ impl Drop for CmDeviceList {
 pub struct Context {
     raw: NonNull<sys::ibv_context>,
     owner: ContextOwner,
+    /// Whether the async event descriptor was made non-blocking (see `async_event::poll`).
+    async_nonblocking: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: libibverbs contexts are thread-safe: all verbs on a context may be called from any
@@ -215,6 +217,7 @@ impl Context {
         Ok(Arc::new(Self {
             raw,
             owner: ContextOwner::Opened,
+            async_nonblocking: Default::default(),
         }))
     }
 
@@ -229,6 +232,7 @@ impl Context {
                 Arc::new(Self {
                     raw,
                     owner: ContextOwner::Cm(list.clone()),
+                    async_nonblocking: Default::default(),
                 })
             })
             .collect())
@@ -244,7 +248,23 @@ impl Context {
         Ok(Arc::new(Self {
             raw,
             owner: ContextOwner::Cm(list),
+            async_nonblocking: Default::default(),
         }))
+    }
+
+    pub(crate) fn async_fd_nonblocking(&self) -> bool {
+        self.async_nonblocking
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_async_fd_nonblocking(&self) {
+        self.async_nonblocking
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The next asynchronous event of the device, without blocking.
+    pub fn poll_async_event(&self) -> Result<Option<super::async_event::AsyncEvent>> {
+        super::async_event::poll(self)
     }
 
     /// The raw context, for verbs this crate does not wrap.

@@ -43,6 +43,8 @@ pub enum RdmaError {
     ResizeCq(io::Error),
     #[error("ibv_poll_cq failed: {0}")]
     PollCq(io::Error),
+    #[error("ibv_get_async_event failed: {0}")]
+    GetAsyncEvent(io::Error),
     #[error("ibv_req_notify_cq failed: {0}")]
     ReqNotifyCq(io::Error),
     #[error("ibv_get_cq_event failed: {0}")]
@@ -124,6 +126,7 @@ impl RdmaError {
             | CreateCq(e)
             | ResizeCq(e)
             | PollCq(e)
+            | GetAsyncEvent(e)
             | ReqNotifyCq(e)
             | GetCqEvent(e)
             | CreateSrq(e)

@@ -36,6 +36,7 @@
 //!
 //! [`RdmaError`] has one variant per failing verb, carrying the OS error.
 
+pub mod async_event;
 pub mod cm;
 pub mod cq;
 pub mod device;
@@ -53,6 +54,7 @@ pub mod wr;
 /// The raw bindings, for `as_raw()` users.
 pub use rdma_sys as sys;
 
+pub use async_event::{AsyncEvent, AsyncEventKind};
 pub use cm::{CmEvent, CmEventKind, CmId, CmIdToken, ConnEventParams, ConnParams, EventChannel};
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{

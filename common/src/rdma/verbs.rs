@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::async_event::AsyncEvent;
 use super::cm::{CmEvent, CmEventKind, CmId, CmIdToken, ConnParams, EventChannel};
 use super::cq::{CompletionQueue, WorkCompletion};
 use super::device::{Context, DeviceAttr};
@@ -74,6 +75,9 @@ pub trait VerbsContext: Send + Sync + 'static {
     fn is_soft_roce(&self) -> bool;
     /// Whether two handles name the same open device.
     fn same_device(&self, other: &Self) -> bool;
+    /// The next asynchronous event of the device (a broken QP or CQ, a port down), without
+    /// blocking.
+    fn poll_async_event(&self) -> Result<Option<AsyncEvent>>;
 }
 
 pub trait VerbsPd<V: Verbs>: Send + Sync + 'static {
@@ -120,6 +124,9 @@ pub trait VerbsMr: Send + Sync + 'static {
 pub trait VerbsCq: Send + Sync + 'static {
     /// Takes up to `out.len()` completions, oldest first.
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
+
+    /// This CQ's identity in [`AsyncEvent::cq_id`].
+    fn id(&self) -> u64;
 
     /// Grows the CQ to at least `cqe` entries, keeping what is queued; returns the new
     /// capacity. Only from the thread that polls it. A provider that cannot resize says so.
@@ -245,6 +252,10 @@ impl VerbsContext for Context {
     fn same_device(&self, other: &Self) -> bool {
         self.as_raw() == other.as_raw()
     }
+
+    fn poll_async_event(&self) -> Result<Option<AsyncEvent>> {
+        Context::poll_async_event(self)
+    }
 }
 
 impl VerbsPd<RealVerbs> for ProtectionDomain {
@@ -285,6 +296,10 @@ impl VerbsCq for CompletionQueue {
     #[inline]
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         CompletionQueue::poll(self, out)
+    }
+
+    fn id(&self) -> u64 {
+        self.as_raw() as u64
     }
 
     fn resize(&self, cqe: u32) -> Result<u32> {

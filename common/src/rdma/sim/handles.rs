@@ -11,6 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::super::async_event::{AsyncEvent, AsyncEventKind};
 use super::super::cm::{CmEvent, CmEventKind, CmIdToken, ConnParams};
 use super::super::cq::WorkCompletion;
 use super::super::device::DeviceAttr;
@@ -23,7 +24,7 @@ use super::super::verbs::{
 use super::super::wr::{RecvWr, SendWr};
 use super::cm::QpResources;
 use super::fabric::{ChannelState, CqState, HostId, MrEntry, ObjId, SrqState};
-use super::{SimAsyncEvent, SimFabric, SimVerbs};
+use super::{SimAsyncEvent, SimAsyncEventKind, SimFabric, SimVerbs};
 
 /// `rxe`'s vendor id.
 const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
@@ -236,6 +237,22 @@ impl VerbsContext for SimContext {
     fn same_device(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.fabric.0, &other.fabric.0) && self.host == other.host
     }
+
+    fn poll_async_event(&self) -> Result<Option<AsyncEvent>> {
+        Ok(self.take_async_event().map(|e| AsyncEvent {
+            kind: match e.kind {
+                SimAsyncEventKind::CqErr => AsyncEventKind::CqErr,
+                SimAsyncEventKind::QpFatal => AsyncEventKind::QpFatal,
+                SimAsyncEventKind::QpAccessErr => AsyncEventKind::QpAccessErr,
+                SimAsyncEventKind::QpLastWqeReached => AsyncEventKind::QpLastWqeReached,
+                SimAsyncEventKind::CommEst => AsyncEventKind::CommEst,
+                SimAsyncEventKind::PortErr => AsyncEventKind::PortErr,
+                SimAsyncEventKind::DeviceFatal => AsyncEventKind::DeviceFatal,
+            },
+            qp_num: e.qp_num,
+            cq_id: e.cq_id,
+        }))
+    }
 }
 
 // ---- protection domain ----
@@ -354,6 +371,10 @@ impl SimCq {
 }
 
 impl VerbsCq for SimCq {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         let mut st = self.ctx.fabric.lock();
         st.stats.cq_polls += 1;

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nvmf_common::rdma::{
-    CmEvent, CmEventKind, CmIdToken, RealVerbs, Verbs, VerbsChannel, VerbsCmId,
+    CmEvent, CmEventKind, CmIdToken, RealVerbs, Verbs, VerbsChannel, VerbsCmId, VerbsContext,
 };
 use nvmf_common::spec::rdma_cm::{RdmaCmReject, RdmaCmRejectStatus, RdmaCmRequest, RDMA_CM_RECFMT};
 use zerocopy::{FromBytes, IntoBytes};
@@ -58,6 +58,9 @@ struct Shared<V: Verbs> {
     limits: TransportLimits,
     channel: V::Channel,
     listeners: Mutex<HashMap<ListenAddress, V::CmId>>,
+    /// Every device a listener or connection was seen on: the acceptor reads their
+    /// asynchronous events and hands them to the poll groups.
+    devices: Mutex<Vec<Arc<V::Context>>>,
     groups: Mutex<Vec<GroupEntry>>,
     stop: AtomicBool,
 }
@@ -110,6 +113,7 @@ impl<V: Verbs> RdmaTransport<V> {
             opts,
             channel,
             listeners: Mutex::new(HashMap::new()),
+            devices: Mutex::new(Vec::new()),
             groups: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
         });
@@ -136,7 +140,7 @@ impl<V: Verbs> RdmaTransport<V> {
     /// now (waiting up to `timeout` for the first). Returns how many it handled.
     pub fn acceptor_turn(&self, timeout: Duration) -> usize {
         let mut state = self.driven.lock().unwrap_or_else(|e| e.into_inner());
-        let mut handled = 0;
+        let mut handled = forward_async_events(&self.shared);
         let mut wait = timeout;
         while acceptor_turn(&self.shared, &mut state, wait) {
             handled += 1;
@@ -237,6 +241,7 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
         // on the first connect they would cost the host seconds under emulation, long enough
         // for it to give up. A wildcard address has no device yet; connects then build them.
         if let Ok(ctx) = id.context() {
+            note_device(&self.shared, &ctx);
             for g in self
                 .shared
                 .groups
@@ -302,8 +307,54 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
 fn acceptor<V: Verbs>(shared: &Shared<V>) {
     let mut state = AcceptorState::default();
     while !shared.stop.load(Ordering::Acquire) {
+        forward_async_events(shared);
         acceptor_turn(shared, &mut state, Duration::from_millis(100));
     }
+}
+
+/// Remembers a device whose asynchronous events the acceptor must read.
+fn note_device<V: Verbs>(shared: &Shared<V>, ctx: &Arc<V::Context>) {
+    let mut devices = shared.devices.lock().unwrap_or_else(|e| e.into_inner());
+    if !devices.iter().any(|d| d.same_device(ctx)) {
+        devices.push(Arc::clone(ctx));
+    }
+}
+
+/// Reads every pending asynchronous event of the known devices and sends each to every poll
+/// group (the one that owns the QP or CQ acts on it). Returns how many there were.
+fn forward_async_events<V: Verbs>(shared: &Shared<V>) -> usize {
+    let devices = shared
+        .devices
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let mut n = 0;
+    for ctx in devices {
+        loop {
+            let event = match ctx.poll_async_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(device = %ctx.device_name(), "reading asynchronous events failed: {e}");
+                    break;
+                }
+            };
+            n += 1;
+            tracing::debug!(device = %ctx.device_name(), ?event, "RDMA asynchronous event");
+            let groups = shared.groups.lock().unwrap_or_else(|e| e.into_inner());
+            for g in groups.iter() {
+                let (ctx, tidx) = (Arc::clone(&ctx), g.transport_index);
+                g.handle.send(move |pg| {
+                    pg.with_transport(usize::from(tidx), |t, core| {
+                        if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() {
+                            rdma.on_async_event(&ctx, event, core);
+                        }
+                    });
+                });
+            }
+        }
+    }
+    n
 }
 
 /// Waits up to `timeout` for one CM event and handles it; false when none came.
@@ -364,6 +415,9 @@ fn on_connect_request<V: Verbs>(
     let peer = id
         .peer_addr()
         .map_or_else(|| "unknown".to_string(), |a| a.to_string());
+    if let Ok(ctx) = id.context() {
+        note_device(shared, &ctx);
+    }
     let Ok((req, _)) = RdmaCmRequest::read_from_prefix(&event.private_data) else {
         tracing::warn!(%peer, len = event.private_data.len(), "connect without NVMe-oF private data");
         return reject::<_, V>(&id, RdmaCmRejectStatus::INVALID_PRIVATE_DATA_LENGTH);

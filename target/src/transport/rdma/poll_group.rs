@@ -3,8 +3,8 @@
 
 use nvmf_common::buffer::BufClass;
 use nvmf_common::rdma::{
-    AccessFlags, CmEventKind, CmIdToken, ConnParams, DmaBuf, QpCaps, RealVerbs, SendWr, Verbs,
-    VerbsCmId, VerbsContext, VerbsCq, VerbsQp, WcStatus, WorkCompletion,
+    AccessFlags, AsyncEvent, AsyncEventKind, CmEventKind, CmIdToken, ConnParams, DmaBuf, QpCaps,
+    RealVerbs, SendWr, Verbs, VerbsCmId, VerbsContext, VerbsCq, VerbsQp, WcStatus, WorkCompletion,
 };
 use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmRejectStatus};
 use nvmf_common::spec::sgl::SglKind;
@@ -213,6 +213,51 @@ impl<V: Verbs> RdmaPollGroup<V> {
         Ok(())
     }
 
+    /// The device's CQ is broken (an overrun or a device error): every qpair on it is closed
+    /// and the device's resources are rebuilt once the last one is gone.
+    fn fail_device(&mut self, d: usize, why: &str, core: &mut CoreCtx) {
+        if self.devices[d].failed {
+            return;
+        }
+        tracing::error!(device = %self.devices[d].ctx.device_name(),
+            "{why}; closing every qpair on the device and rebuilding its resources");
+        self.devices[d].failed = true;
+        for qi in 0..self.qpairs.len() {
+            if self.qpairs[qi].as_ref().is_some_and(|q| q.dev == d) {
+                self.start_close(qi, core);
+            }
+        }
+    }
+
+    /// An asynchronous event of a device, forwarded by the acceptor to every poll group: the
+    /// one owning the QP or CQ it names acts on it.
+    pub fn on_async_event(&mut self, ctx: &V::Context, ev: AsyncEvent, core: &mut CoreCtx) {
+        let Some(d) = self.devices.iter().position(|dev| dev.same_device(ctx)) else {
+            return;
+        };
+        match ev.kind {
+            AsyncEventKind::QpFatal | AsyncEventKind::QpReqErr | AsyncEventKind::QpAccessErr => {
+                let qi = ev.qp_num.and_then(|n| self.by_qp_num.get(&n).copied());
+                if let Some(qi) = qi {
+                    if let Some(qp) = self.qpairs[qi].as_ref() {
+                        tracing::warn!(peer = %qp.state.peer, kind = ?ev.kind, "the device broke a queue pair; closing it");
+                    }
+                    self.start_close(qi, core);
+                }
+            }
+            AsyncEventKind::CqErr if ev.cq_id == Some(self.devices[d].cq.id()) => {
+                self.fail_device(d, "the device reported a completion queue error", core);
+            }
+            AsyncEventKind::DeviceFatal => {
+                self.fail_device(d, "the device reported a fatal error", core);
+            }
+            AsyncEventKind::PortErr => {
+                tracing::warn!(device = %self.devices[d].ctx.device_name(), "an RDMA port went down");
+            }
+            _ => {}
+        }
+    }
+
     /// A CM event for one of this group's connections, forwarded by the acceptor.
     pub fn on_cm_event(&mut self, token: CmIdToken, kind: CmEventKind, core: &mut CoreCtx) {
         let Some(&qi) = self.by_token.get(&token) else {
@@ -237,15 +282,11 @@ impl<V: Verbs> RdmaPollGroup<V> {
             let n = match self.devices[d].cq.poll(&mut self.wcs) {
                 Ok(n) => n,
                 Err(e) => {
-                    if !self.devices[d].failed {
-                        tracing::error!("polling the completion queue failed: {e}; closing every qpair on the device and rebuilding its resources");
-                        self.devices[d].failed = true;
-                        for qi in 0..self.qpairs.len() {
-                            if self.qpairs[qi].as_ref().is_some_and(|q| q.dev == d) {
-                                self.start_close(qi, core);
-                            }
-                        }
-                    }
+                    self.fail_device(
+                        d,
+                        &format!("polling the completion queue failed: {e}"),
+                        core,
+                    );
                     return total;
                 }
             };
