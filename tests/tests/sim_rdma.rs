@@ -586,3 +586,37 @@ fn a_fatal_device_event_closes_everything_and_the_device_is_rebuilt() {
     admin.disconnect();
     lab.assert_drained();
 }
+
+/// Issue 12: the target's `max_qpairs` holds at the RDMA connect, before any Connect
+/// command: a host opening connections and never sending Connect gets NO_RESOURCES past the
+/// limit, and the connections it left idle are dropped after the no-Connect timeout, which
+/// frees room again.
+#[test]
+fn max_qpairs_holds_at_the_rdma_connect_and_idle_connections_expire() {
+    use std::sync::atomic::Ordering;
+    let mut lab = SimLab::new(10);
+    lab.pgs[0]
+        .core
+        .info
+        .qpair_limits
+        .max_total
+        .store(3, Ordering::Relaxed);
+    let host = lab.fabric.add_host(host_ip(1));
+    let mut idle = Vec::new();
+    for qid in 0..3 {
+        idle.push(HostQueue::connect(&mut lab, &host, qid, 8).expect("under the limit"));
+    }
+    match HostQueue::connect(&mut lab, &host, 0, 8) {
+        Err(Refused::Rejected { nvmf_status, .. }) => {
+            assert_eq!(nvmf_status, RdmaCmRejectStatus::NO_RESOURCES.0)
+        }
+        other => panic!("expected NO_RESOURCES, got {:?}", other.map(|_| ())),
+    }
+    // None of the three sends Connect: after the no-Connect timeout (10 s) they are gone.
+    lab.run_for(Duration::from_secs(12), Duration::from_millis(100));
+    assert_eq!(lab.resources(0).qpairs, 0);
+    let (mut admin, _) = admin_queue(&mut lab, &host);
+    admin.disconnect();
+    drop(idle);
+    lab.assert_drained();
+}

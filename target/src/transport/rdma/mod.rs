@@ -45,6 +45,9 @@ pub struct NewConnection<V: Verbs = RealVerbs> {
     pub listener: Option<ListenAddress>,
     pub responder_resources: u8,
     pub initiator_depth: u8,
+    /// RDMA queue pairs of this transport (every reactor, Connect or not) when the request
+    /// came: checked against the target's `max_qpairs` before a QP is made.
+    pub qpairs_now: usize,
 }
 
 struct GroupEntry {
@@ -458,6 +461,7 @@ fn on_connect_request<V: Verbs>(
             .min_by_key(|&i| groups[i].load.load(Ordering::Relaxed))
             .expect("non-empty")
     };
+    let qpairs_now = groups.iter().map(|g| g.load.load(Ordering::Relaxed)).sum();
     let entry = &groups[chosen];
     let (handle, tidx) = (entry.handle.clone(), entry.transport_index);
     drop(groups);
@@ -470,14 +474,16 @@ fn on_connect_request<V: Verbs>(
         listener,
         responder_resources: event.conn.responder_resources,
         initiator_depth: event.conn.initiator_depth,
+        qpairs_now,
     };
     handle.send(move |pg| {
-        pg.with_transport(usize::from(tidx), move |t, _core| {
+        pg.with_transport(usize::from(tidx), move |t, core| {
             let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() else {
                 return;
             };
             let (peer, qid) = (conn.peer.clone(), conn.qid);
-            if let Err(e) = rdma.add_connection(conn) {
+            let max_total = core.info.qpair_limits.max_total.load(Ordering::Relaxed);
+            if let Err(e) = rdma.add_connection(conn, max_total as usize) {
                 tracing::warn!(%peer, qid, "cannot accept RDMA connection: {e}");
             }
         });

@@ -110,11 +110,24 @@ impl<V: Verbs> RdmaPollGroup<V> {
 
     /// Creates the QP for a new connection on this reactor and accepts it. On failure the
     /// dropped CM id rejects the connection.
-    pub fn add_connection(&mut self, conn: NewConnection<V>) -> Result<(), String> {
+    pub fn add_connection(
+        &mut self,
+        conn: NewConnection<V>,
+        max_total: usize,
+    ) -> Result<(), String> {
         let refuse = |e: String, conn: &NewConnection<V>| {
             super::reject::<_, V>(&conn.id, RdmaCmRejectStatus::NO_RESOURCES);
             e
         };
+        // The target's `max_qpairs` bounds queue pairs before they Connect too: each costs a
+        // QP, request slots and response buffers from the moment it is accepted.
+        if conn.qpairs_now >= max_total {
+            let e = format!(
+                "the target already has {} RDMA queue pairs (max_qpairs {max_total})",
+                conn.qpairs_now
+            );
+            return Err(refuse(e, &conn));
+        }
         // First, so a full group wastes no QP on a connection it refuses. An index claimed
         // here and not filled (a later refusal) stays free for the next connection.
         let Some(qi) = claim_index(&mut self.qpairs, &mut self.gens) else {
