@@ -110,7 +110,7 @@ impl SimLab {
         let mut pgs = Vec::new();
         for i in 0..reactors {
             let mut pg = PollGroup::new(i, Arc::clone(&info));
-            pg.core.use_virtual_clock(fabric.clock_ms());
+            pg.core.use_virtual_clock(fabric.clock_ns());
             target.add_poll_group(pg.handle());
             pgs.push(pg);
         }

@@ -620,3 +620,85 @@ fn max_qpairs_holds_at_the_rdma_connect_and_idle_connections_expire() {
     drop(idle);
     lab.assert_drained();
 }
+
+/// Issue 14: responses completed in one turn go out in one chain per qpair (one send
+/// doorbell for many), and the counters SPDK's `nvmf_get_stats` shows count it.
+#[test]
+fn responses_of_a_turn_share_a_doorbell_and_the_counters_say_so() {
+    let mut lab = SimLab::new(11);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut io = io_queue(&mut lab, &host, cntlid, 32, 32 * 4096);
+    let stat = |lab: &mut SimLab, key: &str| -> u64 {
+        let stats = lab.pgs[0].transport_stats();
+        stats[0]["devices"][0][key].as_u64().expect(key)
+    };
+    let (doorbells0, requests0) = (
+        stat(&mut lab, "send_doorbell_updates"),
+        stat(&mut lab, "requests"),
+    );
+    let rounds = 8u16;
+    for round in 0..rounds {
+        for i in 0..16u16 {
+            let cid = round * 16 + i + 1;
+            io.submit(
+                read_cmd(cid, u64::from(i) * 8, 8),
+                Data::Keyed {
+                    offset: usize::from(i) * 4096,
+                    len: 4096,
+                },
+            );
+        }
+        let mut got = 0;
+        lab.until(20_000, |_| {
+            got += io.poll().len();
+            got == 16
+        });
+    }
+    let doorbells = stat(&mut lab, "send_doorbell_updates") - doorbells0;
+    let requests = stat(&mut lab, "requests") - requests0;
+    assert_eq!(requests, u64::from(rounds) * 16);
+    let per_doorbell = requests as f64 / doorbells as f64;
+    assert!(
+        per_doorbell >= 2.0,
+        "{requests} responses took {doorbells} send doorbells"
+    );
+    assert!(
+        stat(&mut lab, "total_send_wrs") >= 2 * requests,
+        "RDMA WRITE + SEND each"
+    );
+    assert!(stat(&mut lab, "polls") >= stat(&mut lab, "idle_polls"));
+    assert!(stat(&mut lab, "request_latency") > 0);
+    assert!(stat(&mut lab, "recv_doorbell_updates") > 0);
+    io.disconnect();
+    admin.disconnect();
+    lab.assert_drained();
+}
+
+/// A post of a chain of several batched responses fails in the middle: the responses before
+/// the failure complete, the one whose WRITE went holds its buffer, the rest are released,
+/// the qpair closes, and nothing leaks.
+#[test]
+fn a_batched_chain_that_fails_half_way_leaks_nothing() {
+    let mut lab = SimLab::new(12);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut io = io_queue(&mut lab, &host, cntlid, 32, 32 * 4096);
+    // Make the reads' responses complete in one turn, then fail the chain at its fourth WR.
+    lab.fabric
+        .fail_post_send(io.target_qp_num, 0, 3, 12 /* ENOMEM */);
+    for i in 0..8u16 {
+        io.submit(
+            read_cmd(i + 1, u64::from(i) * 8, 8),
+            Data::Keyed {
+                offset: usize::from(i) * 4096,
+                len: 4096,
+            },
+        );
+    }
+    lab.run_for(Duration::from_millis(100), Duration::from_millis(1));
+    let _ = io.poll();
+    drop(io);
+    admin.disconnect();
+    lab.assert_drained();
+}

@@ -105,10 +105,10 @@ enum Clock {
 }
 
 impl Clock {
-    fn now_ms(&self) -> u64 {
+    fn now_ns(&self) -> u64 {
         match self {
-            Clock::System(start) => start.elapsed().as_millis() as u64,
-            Clock::Virtual(ms) => ms.load(Ordering::Relaxed),
+            Clock::System(start) => start.elapsed().as_nanos() as u64,
+            Clock::Virtual(ns) => ns.load(Ordering::Relaxed),
         }
     }
 }
@@ -127,6 +127,7 @@ pub struct CoreCtx {
     pub(crate) aux_pool: Option<BufferPool>,
     clock: Clock,
     now_ms: u64,
+    now_ns: u64,
     /// A queue with no controller this long after the core first saw it is disconnected: a
     /// connection that never sends Connect (or only failed ones) holds no resources for good.
     pub connect_timeout_ms: u64,
@@ -154,6 +155,7 @@ impl CoreCtx {
             aux_pool: None,
             clock: Clock::System(Instant::now()),
             now_ms: 0,
+            now_ns: 0,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             transfer_timeout_ms: TRANSFER_TIMEOUT_MS,
             tick: true,
@@ -172,15 +174,21 @@ impl CoreCtx {
         self.now_ms.saturating_sub(since) >= self.connect_timeout_ms
     }
 
-    /// Runs this core on virtual time: milliseconds read from `ms` each turn (a simulated
+    /// Runs this core on virtual time: nanoseconds read from `ns` each turn (a simulated
     /// fabric's clock), so timers fire when the simulation says, the same on every run.
-    pub fn use_virtual_clock(&mut self, ms: Arc<AtomicU64>) {
-        self.clock = Clock::Virtual(ms);
-        self.now_ms = self.clock.now_ms();
+    pub fn use_virtual_clock(&mut self, ns: Arc<AtomicU64>) {
+        self.clock = Clock::Virtual(ns);
+        self.now_ns = self.clock.now_ns();
+        self.now_ms = self.now_ns / 1_000_000;
     }
 
     pub fn now_ms(&self) -> u64 {
         self.now_ms
+    }
+
+    /// The clock at the start of this turn in nanoseconds (request latency counters).
+    pub fn now_ns(&self) -> u64 {
+        self.now_ns
     }
 
     pub(crate) fn subsystem_by_nqn(&self, nqn: &str) -> Option<&GroupSubsystem> {
@@ -517,7 +525,8 @@ impl CoreCtx {
 
     /// Polls bdev channels, retries refused I/O and runs timers. Returns work done.
     pub fn poll(&mut self) -> usize {
-        self.now_ms = self.clock.now_ms();
+        self.now_ns = self.clock.now_ns();
+        self.now_ms = self.now_ns / 1_000_000;
         let mut work = 0;
         let wakeups = &mut self.wakeups;
         for sub in self.subsystems.values_mut() {

@@ -886,13 +886,18 @@ fn namespaces_add_remove_and_refusals() {
         EINVAL,
         "max_namespaces",
     );
+    // A PTPL file that is not a reservation state file (a missing one would be an empty
+    // state, accepted as SPDK does).
+    let bad_ptpl = std::env::temp_dir().join(format!("nvmf-bad-ptpl-{}", std::process::id()));
+    std::fs::write(&bad_ptpl, b"not json").unwrap();
     refused(
         &mut c,
         "nvmf_subsystem_add_ns",
-        json!({"nqn": NQN1, "namespace": {"bdev_name": "Malloc0", "ptpl_file": "/tmp/x"}}),
+        json!({"nqn": NQN1, "namespace": {"bdev_name": "Malloc0", "ptpl_file": bad_ptpl}}),
         EINVAL,
         "ptpl_file",
     );
+    let _ = std::fs::remove_file(&bad_ptpl);
     refused(
         &mut c,
         "nvmf_subsystem_add_ns",

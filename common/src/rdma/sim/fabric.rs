@@ -308,6 +308,7 @@ pub(crate) struct FabricState {
     trace: VecDeque<String>,
     pub faults: FaultState,
     clock_ms: Arc<AtomicU64>,
+    clock_ns: Arc<AtomicU64>,
     pub idle_hook: Option<IdleHook>,
     /// What virtual time 0 is as an `Instant`.
     pub base: Instant,
@@ -350,6 +351,7 @@ impl FabricState {
             trace: VecDeque::new(),
             faults: FaultState::default(),
             clock_ms: Arc::new(AtomicU64::new(0)),
+            clock_ns: Arc::new(AtomicU64::new(0)),
             idle_hook: None,
             base: Instant::now(),
             hook_running: false,
@@ -391,6 +393,10 @@ impl FabricState {
 
     // ---- time and scheduling ----
 
+    pub fn clock_ns(&self) -> Arc<AtomicU64> {
+        self.clock_ns.clone()
+    }
+
     pub fn clock_ms(&self) -> Arc<AtomicU64> {
         self.clock_ms.clone()
     }
@@ -399,6 +405,7 @@ impl FabricState {
         if t > self.now {
             self.now = t;
             self.clock_ms.store(t / 1_000_000, Ordering::Relaxed);
+            self.clock_ns.store(t, Ordering::Relaxed);
         }
     }
 

@@ -322,9 +322,14 @@ impl SimFabric {
         st.base + Duration::from_nanos(st.now)
     }
 
-    /// Virtual milliseconds, kept current by the fabric (for a core clock).
+    /// Virtual milliseconds, kept current by the fabric.
     pub fn clock_ms(&self) -> Arc<AtomicU64> {
         self.lock().clock_ms()
+    }
+
+    /// Virtual nanoseconds, kept current by the fabric (for a core clock).
+    pub fn clock_ns(&self) -> Arc<AtomicU64> {
+        self.lock().clock_ns()
     }
 
     /// Events scheduled and not run yet.

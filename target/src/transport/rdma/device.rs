@@ -27,6 +27,22 @@ const CQ_ENTRIES: u32 = 16_384;
 const MIN_DATA_BUFFERS: u32 = 64;
 const MAX_DATA_BUFFERS: u32 = 1024;
 
+/// SPDK's per-device RDMA poll group counters (`nvmf_get_stats`, `nvmf_rdma_device_stat`),
+/// kept by the reactor that owns them and read only through a message to it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    pub polls: u64,
+    pub idle_polls: u64,
+    pub completions: u64,
+    pub requests: u64,
+    /// Nanoseconds from capsule arrival to response completion, summed over requests.
+    pub request_latency: u64,
+    pub total_send_wrs: u64,
+    pub send_doorbell_updates: u64,
+    pub total_recv_wrs: u64,
+    pub recv_doorbell_updates: u64,
+}
+
 pub struct DeviceResources<V: Verbs> {
     pub ctx: Arc<V::Context>,
     pub pd: Arc<V::Pd>,
@@ -61,6 +77,7 @@ pub struct DeviceResources<V: Verbs> {
     /// least 16, so a host that stops taking its data cannot pin a whole pool and at least
     /// four qpairs always make progress.
     pub share: [u32; 2],
+    pub stats: DeviceStats,
 }
 
 impl<V: Verbs> DeviceResources<V> {
@@ -139,6 +156,7 @@ impl<V: Verbs> DeviceResources<V> {
             max_cqe: attr.max_cqe,
             failed: false,
             share: [(count / 4).max(16).min(count); 2],
+            stats: DeviceStats::default(),
         };
         dev.flush_reposts()?;
         tracing::info!(device = %dev.ctx.device_name(), srq_depth, data_buffers = count,
@@ -237,6 +255,8 @@ impl<V: Verbs> DeviceResources<V> {
             });
             self.srq.post_recv(&chain[..n]).map_err(|e| e.to_string())?;
             self.recv_posted += n as u32;
+            self.stats.recv_doorbell_updates += 1;
+            self.stats.total_recv_wrs += n as u64;
             self.repost.truncate(start);
         }
         Ok(())

@@ -17,7 +17,8 @@ use zerocopy::IntoBytes;
 
 use super::device::DeviceResources;
 use super::qpair::{
-    claim_index, release, transfer_stuck, try_send, wrs_of, Qpair, SendOutcome, CQE_LEN,
+    claim_index, flush_batch, release, transfer_stuck, try_queue, wrs_of, Qpair, SendOutcome,
+    CQE_LEN,
 };
 use super::request::{
     parse_tag_slot, parse_wr_id, slots_for, tag_slot, wr_id, HostData, RdmaRequest, State, WrKind,
@@ -57,8 +58,11 @@ pub struct RdmaPollGroup<V: Verbs = RealVerbs> {
     need_read: WaitQueue,
     need_send: WaitQueue,
     wcs: [WorkCompletion; POLL_BATCH],
+    /// Qpairs with responses batched this turn (see `flush_sends`).
+    dirty: Vec<usize>,
     /// The core's clock at the start of this turn (stamps posted transfers).
     now_ms: u64,
+    now_ns: u64,
 }
 
 impl<V: Verbs> RdmaPollGroup<V> {
@@ -82,7 +86,9 @@ impl<V: Verbs> RdmaPollGroup<V> {
             need_read: WaitQueue::new(State::NeedRead),
             need_send: WaitQueue::new(State::NeedSend),
             wcs: [WorkCompletion::default(); POLL_BATCH],
+            dirty: Vec::new(),
             now_ms: 0,
+            now_ns: 0,
         }
     }
 
@@ -213,6 +219,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             sq_capacity,
             cq_share,
             held: [0; 2],
+            batch: Vec::with_capacity(slots as usize),
             sq_used: 0,
             reads_in_flight: 0,
             max_reads,
@@ -292,6 +299,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
     fn poll_device(&mut self, d: usize, core: &mut CoreCtx) -> usize {
         let mut total = 0;
         loop {
+            self.devices[d].stats.polls += 1;
             let n = match self.devices[d].cq.poll(&mut self.wcs) {
                 Ok(n) => n,
                 Err(e) => {
@@ -303,6 +311,11 @@ impl<V: Verbs> RdmaPollGroup<V> {
                     return total;
                 }
             };
+            let stats = &mut self.devices[d].stats;
+            stats.completions += n as u64;
+            if n == 0 && total == 0 {
+                stats.idle_polls += 1;
+            }
             for i in 0..n {
                 let wc = self.wcs[i];
                 self.on_completion(d, &wc, core);
@@ -339,6 +352,8 @@ impl<V: Verbs> RdmaPollGroup<V> {
                     qp.drained = true;
                 } else if let Some(r) = qp.requests.get_mut(slot as usize) {
                     if r.state == State::Sending {
+                        let latency = self.now_ns.saturating_sub(r.received_ns);
+                        self.devices[d].stats.request_latency += latency;
                         qp.sq_used = qp.sq_used.saturating_sub(wrs_of(r));
                         release(&mut qp.held, r);
                     }
@@ -387,7 +402,9 @@ impl<V: Verbs> RdmaPollGroup<V> {
             return self.start_close(qi, core);
         };
         let cmd = self.devices[d].command(recv);
+        self.devices[d].stats.requests += 1;
         let r = &mut qp.requests[si];
+        r.received_ns = self.now_ns;
         r.req.reset(cmd);
         r.received_data = (len - 64) as u32;
         r.host = match cmd.dptr.classify() {
@@ -550,8 +567,16 @@ impl<V: Verbs> RdmaPollGroup<V> {
     fn queue_response(&mut self, qi: usize, si: u32) {
         let qp = self.qpairs[qi].as_mut().expect("live qpair");
         qp.requests[si as usize].state = State::NeedSend;
-        if self.need_send.is_empty() && try_send(qi, qp, si, self.now_ms) != SendOutcome::NoRoom {
-            return;
+        if self.need_send.is_empty() {
+            match try_queue(qp, si) {
+                (SendOutcome::NoRoom, _) => {}
+                (_, first) => {
+                    if first {
+                        self.dirty.push(qi);
+                    }
+                    return;
+                }
+            }
         }
         self.need_send.push(Waiter {
             qpair: qi,
@@ -563,15 +588,40 @@ impl<V: Verbs> RdmaPollGroup<V> {
     fn serve_sends(&mut self) -> usize {
         let mut n = 0;
         while let Some((w, qp)) = self.need_send.current_at(0, &mut self.qpairs) {
-            match try_send(w.qpair, qp, w.slot, self.now_ms) {
-                SendOutcome::NoRoom => break,
-                SendOutcome::Posted => n += 1,
+            match try_queue(qp, w.slot) {
+                (SendOutcome::NoRoom, _) => break,
+                (SendOutcome::Queued, first) => {
+                    n += 1;
+                    if first {
+                        self.dirty.push(w.qpair);
+                    }
+                }
                 // The qpair's close deals with the request.
-                SendOutcome::Failed => {}
+                (SendOutcome::Failed, _) => {}
             }
             self.need_send.remove(0);
         }
         n
+    }
+
+    /// Posts every qpair's batched responses: one chain (one doorbell) per qpair per turn
+    /// for whatever completed since the last flush.
+    fn flush_sends(&mut self) {
+        for k in 0..self.dirty.len() {
+            let qi = self.dirty[k];
+            let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
+                continue;
+            };
+            if qp.batch.is_empty() {
+                continue;
+            }
+            let dev = qp.dev;
+            let (doorbells, wrs) = flush_batch(qi, qp, self.now_ms);
+            let stats = &mut self.devices[dev].stats;
+            stats.send_doorbell_updates += u64::from(doorbells);
+            stats.total_send_wrs += u64::from(wrs);
+        }
+        self.dirty.clear();
     }
 
     /// Starts tearing a qpair down: tells the peer, detaches it from its controller, frees
@@ -591,7 +641,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
         for r in &mut qp.requests {
             if matches!(
                 r.state,
-                State::NeedBuffer | State::NeedRead | State::NeedSend
+                State::NeedBuffer | State::NeedRead | State::NeedSend | State::Batched
             ) {
                 if let Some(recv) = r.recv.take() {
                     dev.repost(recv);
@@ -599,6 +649,8 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 release(&mut qp.held, r);
             }
         }
+        // Batched responses were released above; none is posted any more.
+        qp.batch.clear();
         let marker = SendWr::send(wr_id(WrKind::Send, qp.gen, qi, DRAIN_SLOT), &[]);
         if qp.qp.post_send(&[marker]).is_ok() {
             qp.sq_used += 1;
@@ -715,6 +767,9 @@ impl<V: Verbs> RdmaPollGroup<V> {
 impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
     fn poll(&mut self, core: &mut CoreCtx) -> usize {
         self.now_ms = core.now_ms();
+        self.now_ns = core.now_ns();
+        // Responses that completed by wakeups after the last turn's flush.
+        self.flush_sends();
         let mut work = 0;
         for d in 0..self.devices.len() {
             work += self.poll_device(d, core);
@@ -722,6 +777,7 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
         work += self.serve_buffers(core);
         work += self.serve_reads();
         work += self.serve_sends();
+        self.flush_sends();
         if core.is_tick() {
             self.reap(core);
         }
@@ -770,37 +826,47 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
         self
     }
 
-    /// SPDK's RDMA layout (`nvmf_rdma_poll_group_dump_stat`): one entry per device this
-    /// reactor polls. The RDMA poll group keeps no counters yet, so every number is 0:
-    /// pending_data_buffer, and per device polls, idle_polls, completions, requests,
-    /// request_latency, pending_free_request, pending_rdma_read, pending_rdma_write,
-    /// pending_rdma_send, total_send_wrs, send_doorbell_updates, total_recv_wrs and
-    /// recv_doorbell_updates. The device names are real.
+    /// SPDK's RDMA layout (`nvmf_rdma_poll_group_dump_stat`): pending_data_buffer, then per
+    /// device polls, idle_polls, completions, requests, request_latency (ns; thread stats
+    /// report tick_rate 1e9), the wait queues, and the doorbell counters.
     fn dump_stats(&self) -> serde_json::Map<String, serde_json::Value> {
         let devices: Vec<serde_json::Value> = self
             .devices
             .iter()
-            .map(|d| {
+            .enumerate()
+            .map(|(d, dev)| {
+                let st = dev.stats;
+                let waiting = |q: &WaitQueue| {
+                    q.count_where(|w| {
+                        self.qpairs
+                            .get(w.qpair)
+                            .and_then(Option::as_ref)
+                            .is_some_and(|qp| qp.dev == d)
+                    })
+                };
                 serde_json::json!({
-                    "name": d.ctx.device_name(),
-                    "polls": 0,
-                    "idle_polls": 0,
-                    "completions": 0,
-                    "requests": 0,
-                    "request_latency": 0,
+                    "name": dev.ctx.device_name(),
+                    "polls": st.polls,
+                    "idle_polls": st.idle_polls,
+                    "completions": st.completions,
+                    "requests": st.requests,
+                    "request_latency": st.request_latency,
                     "pending_free_request": 0,
-                    "pending_rdma_read": 0,
+                    "pending_rdma_read": waiting(&self.need_read),
                     "pending_rdma_write": 0,
-                    "pending_rdma_send": 0,
-                    "total_send_wrs": 0,
-                    "send_doorbell_updates": 0,
-                    "total_recv_wrs": 0,
-                    "recv_doorbell_updates": 0,
+                    "pending_rdma_send": waiting(&self.need_send),
+                    "total_send_wrs": st.total_send_wrs,
+                    "send_doorbell_updates": st.send_doorbell_updates,
+                    "total_recv_wrs": st.total_recv_wrs,
+                    "recv_doorbell_updates": st.recv_doorbell_updates,
                 })
             })
             .collect();
         let mut out = serde_json::Map::new();
-        out.insert("pending_data_buffer".into(), 0.into());
+        out.insert(
+            "pending_data_buffer".into(),
+            (self.need_buffer.len() as u64).into(),
+        );
         out.insert("devices".into(), devices.into());
         out
     }

@@ -1,7 +1,7 @@
 //! One RDMA connection on a reactor: its QP, its request slots and response buffers, and the
 //! send queue accounting; plus how a poll group hands out qpair indexes.
 
-use nvmf_common::rdma::{CmIdToken, DmaBuf, RdmaError, SendWr, Sge, Verbs, VerbsQp};
+use nvmf_common::rdma::{CmIdToken, DmaBuf, RdmaError, SendWr, Sge, Verbs, VerbsQp, MAX_CHAIN};
 use zerocopy::IntoBytes;
 
 use super::request::{wr_id, HostData, RdmaRequest, State, WrKind, MAX_QPAIRS};
@@ -30,6 +30,10 @@ pub(super) struct Qpair<V: Verbs> {
     /// Data buffers its requests hold, per class (small, large): at most the device's
     /// per-qpair share each.
     pub held: [u32; 2],
+    /// Requests whose responses wait, send queue room reserved, for this turn's post (one
+    /// doorbell per qpair and turn, not one per response). Capacity for every slot, so
+    /// pushing never allocates.
+    pub batch: Vec<u32>,
     pub sq_used: u32,
     pub reads_in_flight: u32,
     pub max_reads: u32,
@@ -128,77 +132,197 @@ pub(super) fn after_failed_post(writes_data: bool, err: &RdmaError) -> AfterFail
     }
 }
 
-/// How an attempt to post a response went.
+/// How an attempt to queue a response went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum SendOutcome {
-    /// Posted; the request is `Sending`.
-    Posted,
+    /// In the qpair's batch with its send queue room reserved; the request is `Batched`
+    /// until [`flush_batch`] posts it.
+    Queued,
     /// No send queue room; the request stays `NeedSend`, queued.
     NoRoom,
-    /// Not posted: the qpair is broken (now, or by an earlier post). The request is left to
-    /// the qpair's close: `Abandoned` or `Free` after this post failed, `NeedSend` if the
-    /// qpair was already broken (start_close releases those).
+    /// Not queued: the qpair is broken. The request is left to the qpair's close.
     Failed,
 }
 
-/// Posts the response (and the read data before it) if the send queue has room.
-pub(super) fn try_send<V: Verbs>(
-    qi: usize,
-    qp: &mut Qpair<V>,
-    si: u32,
-    now_ms: u64,
-) -> SendOutcome {
+/// Reserves send queue room for the response of `si` (and the read data before it) and
+/// adds it to the qpair's batch, posted once per poll turn by [`flush_batch`]. Returns
+/// whether the batch was empty before (the qpair must be flushed).
+pub(super) fn try_queue<V: Verbs>(qp: &mut Qpair<V>, si: u32) -> (SendOutcome, bool) {
     if qp.broken {
-        return SendOutcome::Failed;
+        return (SendOutcome::Failed, false);
     }
     let r = &mut qp.requests[si as usize];
     let wrs = wrs_of(r);
     if qp.sq_used + wrs > qp.sq_capacity {
-        return SendOutcome::NoRoom;
+        return (SendOutcome::NoRoom, false);
     }
-    let cqe_offset = si as usize * CQE_LEN;
-    qp.responses.write_at(cqe_offset, r.req.rsp.as_bytes());
-    let rsp_sge = [qp
-        .responses
-        .sge(cqe_offset, CQE_LEN)
-        .expect("slot inside the region")];
-    let send_id = wr_id(WrKind::Send, qp.gen, qi, si);
-    let send = match r.host {
-        HostData::Keyed {
-            key,
-            invalidate: true,
-            ..
-        } if qp.send_with_invalidate => SendWr::send_with_invalidate(send_id, &rsp_sge, key),
-        _ => SendWr::send(send_id, &rsp_sge),
-    };
-    let data_sge: [Sge; 1] = [r.data_sge().unwrap_or_default()];
-    let (writes_data, result) = match (wrs, r.host) {
-        (2, HostData::Keyed { addr, key, .. }) => {
-            let write =
-                SendWr::rdma_write(wr_id(WrKind::Write, qp.gen, qi, si), &data_sge, addr, key)
-                    .signaled(false);
-            (true, qp.qp.post_send(&[write, send]))
+    qp.sq_used += wrs;
+    r.state = State::Batched;
+    let first = qp.batch.is_empty();
+    qp.batch.push(si);
+    (SendOutcome::Queued, first)
+}
+
+/// What became of one request of a chain whose post failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fate {
+    /// All its work requests were posted: it completes (flushed) like any other.
+    Posted,
+    /// Its RDMA WRITE may be on the send queue: it keeps its buffer (`Abandoned`) until the
+    /// QP is destroyed.
+    Hold,
+    /// Nothing of it was posted, or nothing that reads its buffer: released now.
+    Release,
+}
+
+/// The fate of request `j` of a failed chain, given each request's work request count
+/// (`[WRITE, SEND]` = 2, a lone SEND = 1) in chain order. `PostSend { index }` says the
+/// work requests before `index` were posted; an index of 0 is also what a provider that
+/// names no failing request reports, so it proves nothing: every request whose chain reads
+/// its buffer is held then. Only `InvalidArgument` (refused before the verb) proves that
+/// nothing was posted.
+pub(super) fn fate_after_failed_post(wrs: &[u32], j: usize, err: &RdmaError) -> Fate {
+    let mine = wrs[j];
+    let ambiguous = || {
+        if after_failed_post(mine == 2, err) == AfterFailedPost::Hold {
+            Fate::Hold
+        } else {
+            Fate::Release
         }
-        _ => (false, qp.qp.post_send(&[send])),
     };
-    match result {
-        Ok(()) => {
-            qp.sq_used += wrs;
-            qp.signaled += 1;
-            r.state = State::Sending;
-            r.posted_ms = now_ms;
-            SendOutcome::Posted
-        }
-        Err(e) => {
-            tracing::warn!(peer = %qp.state.peer, "posting the response failed: {e}; closing qpair");
-            qp.broken = true;
-            match after_failed_post(writes_data, &e) {
-                AfterFailedPost::Release => release(&mut qp.held, r),
-                AfterFailedPost::Hold => r.state = State::Abandoned,
+    match err {
+        RdmaError::InvalidArgument(_) => Fate::Release,
+        RdmaError::PostSend { index, .. } if *index > 0 => {
+            let start: u32 = wrs[..j].iter().sum();
+            let index = *index as u32;
+            if start + mine <= index {
+                Fate::Posted
+            } else if start < index {
+                // Its WRITE went, its SEND did not.
+                Fate::Hold
+            } else {
+                Fate::Release
             }
-            SendOutcome::Failed
+        }
+        _ => ambiguous(),
+    }
+}
+
+/// Posts the qpair's batched responses, at most [`MAX_CHAIN`] work requests per post (one
+/// doorbell each). On a failed post the qpair is marked broken, and each request of that
+/// chain and every later one meets its [`Fate`]. Returns (doorbells, work requests posted).
+pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -> (u32, u32) {
+    let (mut doorbells, mut posted) = (0u32, 0u32);
+    let mut next = 0;
+    while next < qp.batch.len() {
+        // One chain: whole requests while they fit.
+        let mut slots = [0u32; MAX_CHAIN];
+        let mut counts = [0u32; MAX_CHAIN];
+        let (mut n_req, mut n_wr) = (0usize, 0u32);
+        while next < qp.batch.len() {
+            let si = qp.batch[next];
+            let w = wrs_of(&qp.requests[si as usize]);
+            if n_wr + w > MAX_CHAIN as u32 {
+                break;
+            }
+            slots[n_req] = si;
+            counts[n_req] = w;
+            n_req += 1;
+            n_wr += w;
+            next += 1;
+        }
+        let mut rsp_sges = [[Sge::default(); 1]; MAX_CHAIN];
+        let mut data_sges = [[Sge::default(); 1]; MAX_CHAIN];
+        for j in 0..n_req {
+            let si = slots[j];
+            let offset = si as usize * CQE_LEN;
+            let rsp = qp.requests[si as usize].req.rsp;
+            qp.responses.write_at(offset, rsp.as_bytes());
+            rsp_sges[j] = [qp
+                .responses
+                .sge(offset, CQE_LEN)
+                .expect("slot inside the region")];
+            data_sges[j] = [qp.requests[si as usize].data_sge().unwrap_or_default()];
+        }
+        // Work request k of the chain: which request, and whether it is that request's WRITE.
+        let mut at = [(0usize, false); MAX_CHAIN];
+        let mut k = 0;
+        for (j, &count) in counts[..n_req].iter().enumerate() {
+            if count == 2 {
+                at[k] = (j, true);
+                k += 1;
+            }
+            at[k] = (j, false);
+            k += 1;
+        }
+        let (gen, send_with_invalidate) = (qp.gen, qp.send_with_invalidate);
+        let requests = &qp.requests;
+        let chain: [SendWr<'_>; MAX_CHAIN] = std::array::from_fn(|k| {
+            let (j, is_write) = at[k];
+            let si = slots[j];
+            let host = requests[si as usize].host;
+            match (is_write, host) {
+                (true, HostData::Keyed { addr, key, .. }) => {
+                    SendWr::rdma_write(wr_id(WrKind::Write, gen, qi, si), &data_sges[j], addr, key)
+                        .signaled(false)
+                }
+                (
+                    _,
+                    HostData::Keyed {
+                        key,
+                        invalidate: true,
+                        ..
+                    },
+                ) if send_with_invalidate => SendWr::send_with_invalidate(
+                    wr_id(WrKind::Send, gen, qi, si),
+                    &rsp_sges[j],
+                    key,
+                ),
+                _ => SendWr::send(wr_id(WrKind::Send, gen, qi, si), &rsp_sges[j]),
+            }
+        });
+        let result = qp.qp.post_send(&chain[..n_wr as usize]);
+        doorbells += 1;
+        match result {
+            Ok(()) => {
+                posted += n_wr;
+                for &si in &slots[..n_req] {
+                    let r = &mut qp.requests[si as usize];
+                    r.state = State::Sending;
+                    r.posted_ms = now_ms;
+                    qp.signaled += 1;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(peer = %qp.state.peer, "posting responses failed: {e}; closing qpair");
+                qp.broken = true;
+                for j in 0..n_req {
+                    let r = &mut qp.requests[slots[j] as usize];
+                    match fate_after_failed_post(&counts[..n_req], j, &e) {
+                        Fate::Posted => {
+                            r.state = State::Sending;
+                            r.posted_ms = now_ms;
+                            qp.signaled += 1;
+                        }
+                        Fate::Hold => r.state = State::Abandoned,
+                        Fate::Release => {
+                            qp.sq_used -= counts[j];
+                            release(&mut qp.held, r);
+                        }
+                    }
+                }
+                // Nothing after the failed chain is posted.
+                for &si in &qp.batch[next..] {
+                    let r = &mut qp.requests[si as usize];
+                    qp.sq_used -= wrs_of(r);
+                    release(&mut qp.held, r);
+                }
+                break;
+            }
         }
     }
+    qp.batch.clear();
+    (doorbells, posted)
 }
 
 #[cfg(test)]
@@ -263,6 +387,43 @@ mod tests {
             after_failed_post(false, &post_failed(0)),
             AfterFailedPost::Release
         );
+    }
+
+    #[test]
+    fn a_failed_chain_of_several_responses_holds_exactly_what_may_be_read() {
+        // [W0 S0] [S1] [W2 S2] [S3]: the post failed at work request 3 (S1 and W0 S0 went,
+        // W2 went, S2 did not).
+        let wrs = [2, 1, 2, 1];
+        let err = post_failed(4);
+        let fates: Vec<_> = (0..4)
+            .map(|j| fate_after_failed_post(&wrs, j, &err))
+            .collect();
+        assert_eq!(
+            fates,
+            [Fate::Posted, Fate::Posted, Fate::Hold, Fate::Release],
+            "index 4 is S2"
+        );
+        let err = post_failed(3);
+        let fates: Vec<_> = (0..4)
+            .map(|j| fate_after_failed_post(&wrs, j, &err))
+            .collect();
+        assert_eq!(
+            fates,
+            [Fate::Posted, Fate::Posted, Fate::Release, Fate::Release],
+            "index 3 is W2: nothing of request 2 went"
+        );
+        // Index 0 proves nothing: every chain that reads a buffer is held.
+        let err = post_failed(0);
+        let fates: Vec<_> = (0..4)
+            .map(|j| fate_after_failed_post(&wrs, j, &err))
+            .collect();
+        assert_eq!(
+            fates,
+            [Fate::Hold, Fate::Release, Fate::Hold, Fate::Release]
+        );
+        // Refused before the verb: nothing went.
+        let err = RdmaError::InvalidArgument("too long");
+        assert!((0..4).all(|j| fate_after_failed_post(&wrs, j, &err) == Fate::Release));
     }
 
     #[test]

@@ -6,14 +6,16 @@
 //!                             └─ Data ──► NeedBuffer ─┬─ in-capsule copy ─► Executing
 //!                                                     ├─ to host ─────────► Executing
 //!                                                     └─ keyed write ──► NeedRead ─► Reading ─► Executing
-//!  Executing ──Complete (now or by wakeup)──► NeedSend ──► Sending ──SEND completion──► Free
+//!  Executing ──Complete (now or by wakeup)──► NeedSend ──► Batched ──► Sending ──SEND completion──► Free
 //! ```
 //!
 //! Each wait for a resource is a state plus a FIFO in the poll group, never a failure:
 //! `NeedBuffer` waits for the data buffer pool, `NeedRead` for a free RDMA READ slot (the
 //! initiator depth the host granted) and send queue room, `NeedSend` for send queue room.
-//! A response with data to the host goes out as RDMA WRITE + SEND in one post; the WRITE is
-//! unsignaled, its slot is reclaimed with the SEND's completion.
+//! A response with data to the host goes out as RDMA WRITE + SEND; the WRITE is unsignaled,
+//! its slot is reclaimed with the SEND's completion. Responses are not posted one by one:
+//! `Batched` ones of a qpair go out in one chain per turn (SPDK's per-qpair send batching),
+//! one doorbell for many responses.
 //!
 //! A response whose post fails is `Abandoned` if an RDMA WRITE from its buffer may have been
 //! posted (see `qpair::after_failed_post`), and its qpair is closed.
@@ -41,6 +43,8 @@ pub enum State {
     Executing,
     /// Response ready; waiting for send queue room.
     NeedSend,
+    /// Send queue room reserved; in its qpair's batch, posted at the end of the turn.
+    Batched,
     /// RDMA WRITE (if any) and SEND posted; waiting for the SEND's completion.
     Sending,
     /// Posting the response failed after its RDMA WRITE may have reached the send queue: the
@@ -81,6 +85,9 @@ pub struct RdmaRequest {
     /// The class (0 small, 1 large) of the data buffer this request took from the pool, counted
     /// in its qpair's `held` until the request is released.
     pub buf_class: Option<u8>,
+    /// When its capsule arrived (the core's clock, ns): `request_latency` runs from here to
+    /// the response's completion.
+    pub received_ns: u64,
 }
 
 impl RdmaRequest {
@@ -93,6 +100,7 @@ impl RdmaRequest {
             received_data: 0,
             posted_ms: 0,
             buf_class: None,
+            received_ns: 0,
         }
     }
 

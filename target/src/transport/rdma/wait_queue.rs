@@ -65,6 +65,11 @@ impl WaitQueue {
         self.entries.len()
     }
 
+    /// Entries for which `f` holds (stale ones included): for statistics, off the I/O path.
+    pub fn count_where(&self, f: impl Fn(&Waiter) -> bool) -> usize {
+        self.entries.iter().filter(|w| f(w)).count()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
