@@ -702,3 +702,114 @@ fn a_batched_chain_that_fails_half_way_leaks_nothing() {
     admin.disconnect();
     lab.assert_drained();
 }
+
+/// Issues 12 and 14: in-capsule writes execute from the buffer they arrived in (no copy, no
+/// pool buffer), and the receive slot is posted again at once, so they neither wait behind a
+/// pool another host pinned nor hold SRQ slots. An SGL offset inside the capsule takes the
+/// copy path and lands the same bytes.
+#[test]
+fn in_capsule_writes_need_no_pool_buffer_and_hold_no_receive_slot() {
+    let mut lab = SimLab::new(13);
+    let host = lab.fabric.add_host(host_ip(1));
+    let hostile = lab.fabric.add_host(host_ip(2));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let (mut hostile_admin, hostile_cntlid) = admin_queue(&mut lab, &hostile);
+    let mut io = io_queue(&mut lab, &host, cntlid, 32, 32 * 4096);
+    // The hostile host pins the whole small pool: 4 queues x 16 reads whose responses wait
+    // in RNR.
+    let mut pinning = Vec::new();
+    for qid in 1..=4u16 {
+        let mut q = HostQueue::connect_with(&mut lab, &hostile, qid, 32, 16 * 4096, 1, |r| {
+            zerocopy::IntoBytes::as_bytes(r).to_vec()
+        })
+        .expect("pinning queue");
+        q.repost = false;
+        let c = q.fabric_connect(&mut lab, qid, hostile_cntlid);
+        assert!(c.status().is_success());
+        pinning.push(q);
+    }
+    for q in &mut pinning {
+        for i in 0..16u16 {
+            q.submit(
+                read_cmd(i + 1, 0, 8),
+                Data::Keyed {
+                    offset: usize::from(i) * 4096,
+                    len: 4096,
+                },
+            );
+        }
+    }
+    lab.run_for(Duration::from_millis(5), Duration::from_millis(1));
+    assert!(lab.resources(0).buffers_out >= 64, "{:?}", lab.resources(0));
+
+    // In-capsule writes go through at once.
+    for i in 0..8u16 {
+        let data = pattern(i as u8, 4096);
+        io.data.write_at(usize::from(i) * 4096, &data);
+        let c = io.run(
+            &mut lab,
+            write_cmd(i + 1, 200 + u64::from(i) * 8, 8),
+            Data::InCapsule {
+                offset: usize::from(i) * 4096,
+                len: 4096,
+            },
+        );
+        assert!(
+            c.status().is_success(),
+            "in-capsule write {i} waited: {c:?}"
+        );
+        assert_eq!(lab.resources(0).recv_slots_held, 0);
+    }
+    // The pinning host lets go; everything reads back.
+    for q in &mut pinning {
+        q.repost = true;
+        for slot in 0..usize::from(q.depth) {
+            q.post_recv(slot);
+        }
+    }
+    lab.run_for(Duration::from_millis(20), Duration::from_millis(1));
+    for i in 0..8u16 {
+        let c = io.run(
+            &mut lab,
+            read_cmd(100 + i, 200 + u64::from(i) * 8, 8),
+            Data::Keyed {
+                offset: 16 * 4096,
+                len: 4096,
+            },
+        );
+        assert!(c.status().is_success());
+        assert_eq!(data_bytes(&io, 16 * 4096, 4096), pattern(i as u8, 4096));
+    }
+    // An in-capsule SGL with an offset: the copy path.
+    let mut cmd = write_cmd(200, 400, 1);
+    let data = pattern(77, 512);
+    io.data.write_at(0, &[0u8; 64]);
+    io.data.write_at(64, &data);
+    cmd.flags |= Command::FLAG_SGL;
+    cmd.dptr = nvmf_common::spec::sgl::SglDescriptor::in_capsule(64, 512);
+    // Build the capsule by hand: SQE, then 64 bytes of padding and the data.
+    let mut capsule = zerocopy::IntoBytes::as_bytes(&cmd).to_vec();
+    capsule.extend_from_slice(&[0u8; 64]);
+    capsule.extend_from_slice(&data);
+    io.write_capsule(0, &capsule);
+    io.send_raw(0, capsule.len());
+    let c = io.wait(&mut lab, 200);
+    assert!(c.status().is_success(), "{c:?}");
+    let c = io.run(
+        &mut lab,
+        read_cmd(201, 400, 1),
+        Data::Keyed {
+            offset: 0,
+            len: 512,
+        },
+    );
+    assert!(c.status().is_success());
+    assert_eq!(data_bytes(&io, 0, 512), data);
+    for q in &mut pinning {
+        q.disconnect();
+    }
+    io.disconnect();
+    admin.disconnect();
+    hostile_admin.disconnect();
+    lab.assert_drained();
+}

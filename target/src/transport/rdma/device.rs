@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use nvmf_common::buffer::{SizedPools, SMALL_BUFSIZE};
+use nvmf_common::buffer::{BufferPool, IoBuf, SizedPools, BUFFER_ALIGN, SMALL_BUFSIZE};
 use nvmf_common::rdma::{
     register_pool, AccessFlags, DeviceCapFlags, DmaBuf, RecvWr, Sge, Verbs, VerbsContext, VerbsCq,
     VerbsSrq, MAX_CHAIN,
@@ -56,7 +56,13 @@ pub struct DeviceResources<V: Verbs> {
     pub max_rd_atom: u8,
     pub max_init_rd_atom: u8,
     recv_cmds: DmaBuf<V>,
-    recv_data: Option<DmaBuf<V>>,
+    /// In-capsule data lands in buffers of this pool, one lent to each receive on the SRQ.
+    /// A capsule's buffer goes with its request to the bdev (no copy) and the slot is posted
+    /// again at once with a fresh one, so requests never hold SRQ slots. `srq_depth` plus a
+    /// half more, for the requests executing from them.
+    capsules: Option<BufferPool>,
+    /// The capsule buffer lent to each SRQ slot.
+    lent: Vec<Option<IoBuf>>,
     in_capsule: u32,
     /// Receive slots consumed and ready to be posted again, posted in batches.
     repost: Vec<u32>,
@@ -75,8 +81,10 @@ pub struct DeviceResources<V: Verbs> {
     pub failed: bool,
     /// Data buffers one qpair may hold per class (small, large): a quarter of the pool, at
     /// least 16, so a host that stops taking its data cannot pin a whole pool and at least
-    /// four qpairs always make progress.
-    pub share: [u32; 2],
+    /// four qpairs always make progress. Third: capsule buffers it may execute from (an
+    /// eighth of the SRQ's depth, the spare half of the capsule pool shared by four); past
+    /// that its in-capsule data is copied to a small buffer.
+    pub share: [u32; 3],
     pub stats: DeviceStats,
 }
 
@@ -101,15 +109,12 @@ impl<V: Verbs> DeviceResources<V> {
         let in_capsule = opts.in_capsule_data_size;
         let recv_cmds = DmaBuf::new(&pd, srq_depth as usize * SQE_LEN, AccessFlags::LOCAL_WRITE)
             .map_err(|e| e.to_string())?;
-        let recv_data = if in_capsule > 0 {
-            Some(
-                DmaBuf::new(
-                    &pd,
-                    srq_depth as usize * in_capsule as usize,
-                    AccessFlags::LOCAL_WRITE,
-                )
-                .map_err(|e| e.to_string())?,
-            )
+        let capsules = if in_capsule > 0 {
+            let size = (in_capsule as usize).next_multiple_of(BUFFER_ALIGN);
+            let pool =
+                BufferPool::new(size, srq_depth + srq_depth / 2).map_err(|e| e.to_string())?;
+            register_pool::<V>(&pd, &pool, AccessFlags::LOCAL_WRITE).map_err(|e| e.to_string())?;
+            Some(pool)
         } else {
             None
         };
@@ -146,7 +151,8 @@ impl<V: Verbs> DeviceResources<V> {
             max_rd_atom: attr.max_qp_rd_atom.clamp(1, 255) as u8,
             max_init_rd_atom: attr.max_qp_init_rd_atom.clamp(1, 255) as u8,
             recv_cmds,
-            recv_data,
+            capsules,
+            lent: (0..srq_depth).map(|_| None).collect(),
             in_capsule,
             repost: (0..srq_depth).collect(),
             srq_depth,
@@ -155,7 +161,11 @@ impl<V: Verbs> DeviceResources<V> {
             cq_reserved: srq_depth,
             max_cqe: attr.max_cqe,
             failed: false,
-            share: [(count / 4).max(16).min(count); 2],
+            share: [
+                (count / 4).max(16).min(count),
+                (count / 4).max(16).min(count),
+                (srq_depth / 8).max(16),
+            ],
             stats: DeviceStats::default(),
         };
         dev.flush_reposts()?;
@@ -200,13 +210,26 @@ impl<V: Verbs> DeviceResources<V> {
         Command::read_from_bytes(&raw).expect("64 bytes make one SQE")
     }
 
-    /// Copies in-capsule data of receive slot `slot` (the caller checked the bounds against
-    /// what arrived).
-    pub fn copy_in_capsule(&self, slot: u32, offset: u32, out: &mut [u8]) {
-        if let Some(data) = &self.recv_data {
-            let base = slot as usize * self.in_capsule as usize + offset as usize;
-            data.read_at(base, out);
+    /// The buffer that received slot `slot`'s in-capsule data (its receive completed).
+    pub fn take_capsule(&mut self, slot: u32) -> Option<IoBuf> {
+        self.lent.get_mut(slot as usize).and_then(Option::take)
+    }
+
+    /// Gives a capsule buffer whose data nobody needs back to slot `slot`, to be posted again.
+    pub fn return_capsule(&mut self, slot: u32, buf: Option<IoBuf>) {
+        if let Some(lent) = self.lent.get_mut(slot as usize) {
+            *lent = buf;
         }
+    }
+
+    /// Capsule buffers out of the pool and not lent to the SRQ: held by requests. For leak
+    /// checks (walks the slots).
+    pub fn capsules_held(&self) -> usize {
+        let out = self
+            .capsules
+            .as_ref()
+            .map_or(0, |p| p.count() as usize - p.available());
+        out - self.lent.iter().flatten().count()
     }
 
     /// A receive completed (successfully or flushed): its slot left the SRQ.
@@ -224,40 +247,56 @@ impl<V: Verbs> DeviceResources<V> {
         self.repost.push(slot);
     }
 
-    /// Posts consumed receive slots back to the SRQ, a chain at a time.
+    /// Posts consumed receive slots back to the SRQ, a chain at a time, each with a capsule
+    /// buffer (the one it had, or a fresh one). Slots for which the capsule pool has no
+    /// buffer left wait for a later turn.
     pub fn flush_reposts(&mut self) -> Result<(), String> {
         let mut sges = [[Sge::default(); 2]; MAX_CHAIN];
         while !self.repost.is_empty() {
-            let n = self.repost.len().min(MAX_CHAIN);
-            for (i, &slot) in self.repost[self.repost.len() - n..].iter().enumerate() {
+            let want = self.repost.len().min(MAX_CHAIN);
+            let start = self.repost.len() - want;
+            let (mut n, mut starved) = (0, false);
+            for i in 0..want {
+                let slot = self.repost[start + i];
                 let cmd = self
                     .recv_cmds
                     .sge(slot as usize * SQE_LEN, SQE_LEN)
                     .expect("slot inside the command region");
                 sges[i][0] = cmd;
-                sges[i][1] = match &self.recv_data {
-                    Some(d) => d
-                        .sge(
-                            slot as usize * self.in_capsule as usize,
-                            self.in_capsule as usize,
-                        )
-                        .expect("slot inside the data region"),
-                    None => cmd,
-                };
+                if let Some(pool) = &self.capsules {
+                    let lent = &mut self.lent[slot as usize];
+                    if lent.is_none() {
+                        *lent = pool.get();
+                    }
+                    let Some(buf) = lent.as_ref() else {
+                        starved = true;
+                        break;
+                    };
+                    sges[i][1] = Sge {
+                        addr: buf.addr(),
+                        length: self.in_capsule,
+                        lkey: buf.lkey(),
+                    };
+                }
+                n += 1;
             }
-            let sge_count = if self.recv_data.is_some() { 2 } else { 1 };
-            let start = self.repost.len() - n;
-            let slots = &self.repost[start..];
-            // A fixed array, not a Vec: reposting runs on every reactor turn with traffic.
-            let chain: [RecvWr<'_>; MAX_CHAIN] = std::array::from_fn(|i| {
-                let slot = slots.get(i).copied().unwrap_or(0);
-                RecvWr::new(wr_id(WrKind::Recv, 0, 0, slot), &sges[i][..sge_count])
-            });
-            self.srq.post_recv(&chain[..n]).map_err(|e| e.to_string())?;
-            self.recv_posted += n as u32;
-            self.stats.recv_doorbell_updates += 1;
-            self.stats.total_recv_wrs += n as u64;
-            self.repost.truncate(start);
+            if n > 0 {
+                let sge_count = if self.capsules.is_some() { 2 } else { 1 };
+                let slots = &self.repost[start..start + n];
+                // A fixed array, not a Vec: reposting runs on every reactor turn with traffic.
+                let chain: [RecvWr<'_>; MAX_CHAIN] = std::array::from_fn(|i| {
+                    let slot = slots.get(i).copied().unwrap_or(0);
+                    RecvWr::new(wr_id(WrKind::Recv, 0, 0, slot), &sges[i][..sge_count])
+                });
+                self.srq.post_recv(&chain[..n]).map_err(|e| e.to_string())?;
+                self.recv_posted += n as u32;
+                self.stats.recv_doorbell_updates += 1;
+                self.stats.total_recv_wrs += n as u64;
+                self.repost.drain(start..start + n);
+            }
+            if starved {
+                break;
+            }
         }
         Ok(())
     }

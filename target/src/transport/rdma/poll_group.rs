@@ -18,7 +18,7 @@ use zerocopy::IntoBytes;
 use super::device::DeviceResources;
 use super::qpair::{
     claim_index, flush_batch, release, transfer_stuck, try_queue, wrs_of, Qpair, SendOutcome,
-    CQE_LEN,
+    SlotAccounts, CQE_LEN,
 };
 use super::request::{
     parse_tag_slot, parse_wr_id, slots_for, tag_slot, wr_id, HostData, RdmaRequest, State, WrKind,
@@ -184,7 +184,12 @@ impl<V: Verbs> RdmaPollGroup<V> {
         let dev = &self.devices[dev_index];
         let gen = self.gens[qi];
         let requests = (0..slots)
-            .map(|s| RdmaRequest::new(Request::new(ReqTag::new(self.index, tag_slot(gen, qi, s)))))
+            .map(|s| {
+                let mut r =
+                    RdmaRequest::new(Request::new(ReqTag::new(self.index, tag_slot(gen, qi, s))));
+                r.slot = s;
+                r
+            })
             .collect();
         let accept = RdmaCmAccept::new(conn.depth);
         let params = ConnParams {
@@ -218,7 +223,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             responses,
             sq_capacity,
             cq_share,
-            held: [0; 2],
+            acct: SlotAccounts::new(slots),
             batch: Vec::with_capacity(slots as usize),
             sq_used: 0,
             reads_in_flight: 0,
@@ -355,7 +360,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
                         let latency = self.now_ns.saturating_sub(r.received_ns);
                         self.devices[d].stats.request_latency += latency;
                         qp.sq_used = qp.sq_used.saturating_sub(wrs_of(r));
-                        release(&mut qp.held, r);
+                        release(&mut qp.acct, r);
                     }
                 }
             }
@@ -368,7 +373,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
                         if ok && qp.closing.is_none() {
                             return self.execute(qi, slot, core);
                         }
-                        release(&mut qp.held, r);
+                        release(&mut qp.acct, r);
                     }
                 }
             }
@@ -379,7 +384,12 @@ impl<V: Verbs> RdmaPollGroup<V> {
     }
 
     fn on_recv(&mut self, d: usize, recv: u32, wc: &WorkCompletion, core: &mut CoreCtx) {
-        self.devices[d].received();
+        let dev = &mut self.devices[d];
+        dev.received();
+        // The slot goes back on the SRQ at the end of this turn: with this capsule buffer if
+        // the command leaves it (`return_capsule`), else with a fresh one.
+        dev.repost(recv);
+        let capsule = dev.take_capsule(recv);
         let qi = self.by_qp_num.get(&wc.qp_num()).copied();
         let usable = wc.status().is_success()
             && qi.is_some_and(|qi| {
@@ -388,22 +398,24 @@ impl<V: Verbs> RdmaPollGroup<V> {
                     .is_some_and(|q| q.closing.is_none())
             });
         let Some(qi) = qi.filter(|_| usable) else {
-            self.devices[d].repost(recv);
+            self.devices[d].return_capsule(recv, capsule);
             return;
         };
         let len = wc.byte_len() as usize;
         let qp = self.qpairs[qi].as_mut().expect("checked above");
-        let free = qp.requests.iter().position(|r| r.state == State::Free);
-        let (Some(si), true) = (free, len >= 64) else {
+        let free = if len >= 64 { qp.acct.free.pop() } else { None };
+        let Some(si) = free else {
             // A capsule shorter than an SQE, or more commands than the queue depth the host
             // asked for: the host broke the protocol; drop the connection, not the target.
             tracing::warn!(peer = %qp.state.peer, len, "malformed capsule or queue overrun; closing qpair");
-            self.devices[d].repost(recv);
+            self.devices[d].return_capsule(recv, capsule);
             return self.start_close(qi, core);
         };
-        let cmd = self.devices[d].command(recv);
-        self.devices[d].stats.requests += 1;
-        let r = &mut qp.requests[si];
+        let dev = &mut self.devices[d];
+        let cmd = dev.command(recv);
+        dev.stats.requests += 1;
+        let r = &mut qp.requests[si as usize];
+        debug_assert_eq!(r.state, State::Free);
         r.received_ns = self.now_ns;
         r.req.reset(cmd);
         r.received_data = (len - 64) as u32;
@@ -424,30 +436,62 @@ impl<V: Verbs> RdmaPollGroup<V> {
             },
             _ => HostData::None,
         };
-        if matches!(r.host, HostData::InCapsule { .. }) {
-            r.recv = Some(recv);
-        } else {
-            self.devices[d].repost(recv);
-        }
         r.state = State::Executing;
         let prepared = core.prepare(&mut qp.state, &mut r.req);
-        if !matches!(prepared, Prepared::Data { .. }) {
-            if let Some(recv) = r.recv.take() {
-                self.devices[d].repost(recv);
+        let (dir, host) = (r.req.dir, r.host);
+        match (prepared, dir, host) {
+            (Prepared::Complete, ..) => {
+                dev.return_capsule(recv, capsule);
+                self.queue_response(qi, si)
+            }
+            (Prepared::NoData, ..) => {
+                dev.return_capsule(recv, capsule);
+                self.execute(qi, si, core)
+            }
+            (
+                Prepared::Data { .. },
+                DataDirection::HostToController,
+                HostData::InCapsule { offset, len },
+            ) => {
+                if offset
+                    .checked_add(len)
+                    .is_none_or(|end| end > r.received_data)
+                    || len < r.req.len
+                {
+                    dev.return_capsule(recv, capsule);
+                    r.req.complete(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+                    return self.queue_response(qi, si);
+                }
+                match capsule {
+                    // Zero copy: the bdev works on the buffer the data arrived in.
+                    Some(mut buf) if offset == 0 && qp.acct.held[2] < dev.share[2] => {
+                        buf.set_len(r.req.len as usize);
+                        r.req.data = Some(buf);
+                        r.buf_class = Some(2);
+                        qp.acct.held[2] += 1;
+                        self.execute(qi, si, core);
+                    }
+                    capsule => {
+                        r.capsule = capsule;
+                        self.wait_for_buffer(qi, si);
+                    }
+                }
+            }
+            (Prepared::Data { .. }, ..) => {
+                dev.return_capsule(recv, capsule);
+                self.wait_for_buffer(qi, si);
             }
         }
-        match prepared {
-            Prepared::Complete => self.queue_response(qi, si as u32),
-            Prepared::NoData => self.execute(qi, si as u32, core),
-            Prepared::Data { .. } => {
-                r.state = State::NeedBuffer;
-                self.need_buffer.push(Waiter {
-                    qpair: qi,
-                    gen: qp.gen,
-                    slot: si as u32,
-                });
-            }
-        }
+    }
+
+    fn wait_for_buffer(&mut self, qi: usize, si: u32) {
+        let qp = self.qpairs[qi].as_mut().expect("live qpair");
+        qp.requests[si as usize].state = State::NeedBuffer;
+        self.need_buffer.push(Waiter {
+            qpair: qi,
+            gen: qp.gen,
+            slot: si,
+        });
     }
 
     /// Gives waiting requests data buffers, oldest first, and moves them on. A request whose
@@ -464,7 +508,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             let dev = &mut self.devices[qp.dev];
             let class = dev.pools.class_of(r.req.len as usize);
             let ci = class_index(class);
-            if exhausted[ci] || qp.held[ci] >= dev.share[ci] {
+            if exhausted[ci] || qp.acct.held[ci] >= dev.share[ci] {
                 i += 1;
                 continue;
             }
@@ -478,28 +522,26 @@ impl<V: Verbs> RdmaPollGroup<V> {
             };
             self.need_buffer.remove(i);
             n += 1;
-            qp.held[ci] += 1;
+            qp.acct.held[ci] += 1;
             r.buf_class = Some(ci as u8);
             buf.set_len(r.req.len as usize);
             let dir = r.req.dir;
             match (dir, r.host) {
-                (DataDirection::HostToController, HostData::InCapsule { offset, len }) => {
-                    let recv = r
-                        .recv
-                        .take()
-                        .expect("in-capsule requests hold their receive");
-                    if offset
-                        .checked_add(len)
-                        .is_none_or(|end| end > r.received_data)
-                        || len < r.req.len
-                    {
-                        dev.repost(recv);
+                (DataDirection::HostToController, HostData::InCapsule { offset, .. }) => {
+                    // on_recv checked the bounds against what arrived.
+                    let Some(capsule) = r.capsule.take() else {
                         r.req.complete(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+                        r.req.data = Some(buf);
                         self.queue_response(qi, si);
                         continue;
-                    }
-                    dev.copy_in_capsule(recv, offset, &mut buf);
-                    dev.repost(recv);
+                    };
+                    let from = offset as usize;
+                    let n = buf.len();
+                    // The capsule buffer holds the whole receive (its length is the pool's).
+                    let mut whole = capsule;
+                    whole.set_len(from + n);
+                    buf.as_mut_slice()
+                        .copy_from_slice(&whole.as_slice()[from..from + n]);
                     r.req.data = Some(buf);
                     self.execute(qi, si, core);
                 }
@@ -636,17 +678,13 @@ impl<V: Verbs> RdmaPollGroup<V> {
         qp.closing = Some(core.now_ms());
         let _ = qp.cm_id.disconnect();
         core.queue_closed(&mut qp.state);
-        let dev = &mut self.devices[qp.dev];
         // Not `Abandoned`: their buffers stay until the QP is destroyed (see `Qpair`).
         for r in &mut qp.requests {
             if matches!(
                 r.state,
                 State::NeedBuffer | State::NeedRead | State::NeedSend | State::Batched
             ) {
-                if let Some(recv) = r.recv.take() {
-                    dev.repost(recv);
-                }
-                release(&mut qp.held, r);
+                release(&mut qp.acct, r);
             }
         }
         // Batched responses were released above; none is posted any more.
@@ -694,11 +732,6 @@ impl<V: Verbs> RdmaPollGroup<V> {
             // (`Abandoned` ones included): see the field order of `Qpair`.
             let qp = self.qpairs[qi].take().expect("checked above");
             let dev = &mut self.devices[qp.dev];
-            for r in &qp.requests {
-                if let Some(recv) = r.recv {
-                    dev.repost(recv);
-                }
-            }
             dev.cq_reserved -= qp.cq_share;
             self.by_qp_num.remove(&qp.qp.qp_num());
             self.by_token.remove(&qp.token);
@@ -755,7 +788,9 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 .iter()
                 .map(|d| {
                     let (s, l) = (&d.pools.small, &d.pools.large);
-                    (s.count() as usize - s.available()) + (l.count() as usize - l.available())
+                    (s.count() as usize - s.available())
+                        + (l.count() as usize - l.available())
+                        + d.capsules_held()
                 })
                 .sum(),
             recv_slots_held: self.devices.iter().map(|d| d.recv_slots_held()).sum(),
@@ -805,7 +840,7 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
         }
         if core.resume(&mut qp.state, &mut r.req, wakeup) == Exec::Complete {
             if qp.closing.is_some() {
-                release(&mut qp.held, r);
+                release(&mut qp.acct, r);
             } else {
                 self.queue_response(qi, si);
             }

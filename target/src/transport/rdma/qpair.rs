@@ -27,9 +27,8 @@ pub(super) struct Qpair<V: Verbs> {
     pub sq_capacity: u32,
     /// CQ entries reserved for this QP's sends on its device.
     pub cq_share: u32,
-    /// Data buffers its requests hold, per class (small, large): at most the device's
-    /// per-qpair share each.
-    pub held: [u32; 2],
+    /// Data buffers its requests hold and its free request slots.
+    pub acct: SlotAccounts,
     /// Requests whose responses wait, send queue room reserved, for this turn's post (one
     /// doorbell per qpair and turn, not one per response). Capacity for every slot, so
     /// pushing never allocates.
@@ -94,13 +93,37 @@ pub(super) fn wrs_of(r: &RdmaRequest) -> u32 {
     }
 }
 
+/// What a qpair's requests hold, kept as counts so nothing is scanned per I/O.
+pub(super) struct SlotAccounts {
+    /// Data buffers held per class (small, large, capsule): at most the device's per-qpair
+    /// share each.
+    pub held: [u32; 3],
+    /// Free request slots, most recently freed last (reused first: its cache lines are warm).
+    /// Capacity for every slot, so pushing never allocates.
+    pub free: Vec<u32>,
+}
+
+impl SlotAccounts {
+    pub fn new(slots: u32) -> Self {
+        Self {
+            held: [0; 3],
+            free: (0..slots).rev().collect(),
+        }
+    }
+}
+
 /// Returns a request slot to the free state; its data buffer goes back to the pool. Takes
 /// the buffer off its qpair's `held` count.
-pub(super) fn release(held: &mut [u32; 2], r: &mut RdmaRequest) {
+pub(super) fn release(acct: &mut SlotAccounts, r: &mut RdmaRequest) {
+    if r.state == State::Free {
+        return;
+    }
     r.req.data = None;
+    r.capsule = None;
     r.state = State::Free;
+    acct.free.push(r.slot);
     if let Some(c) = r.buf_class.take() {
-        held[usize::from(c)] -= 1;
+        acct.held[usize::from(c)] -= 1;
     }
 }
 
@@ -307,7 +330,7 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
                         Fate::Hold => r.state = State::Abandoned,
                         Fate::Release => {
                             qp.sq_used -= counts[j];
-                            release(&mut qp.held, r);
+                            release(&mut qp.acct, r);
                         }
                     }
                 }
@@ -315,7 +338,7 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
                 for &si in &qp.batch[next..] {
                     let r = &mut qp.requests[si as usize];
                     qp.sq_used -= wrs_of(r);
-                    release(&mut qp.held, r);
+                    release(&mut qp.acct, r);
                 }
                 break;
             }

@@ -25,6 +25,7 @@
 //! longer than the core's transfer timeout closes its qpair, which flushes the work requests
 //! and frees their buffers.
 
+use nvmf_common::buffer::IoBuf;
 use nvmf_common::rdma::Sge;
 
 use crate::core::request::Request;
@@ -74,15 +75,19 @@ pub struct RdmaRequest {
     pub state: State,
     pub req: Request,
     pub host: HostData,
-    /// The receive buffer the capsule arrived in, held until its in-capsule data is copied.
-    pub recv: Option<u32>,
+    /// The capsule buffer that carried in-capsule data the request could not execute from
+    /// directly (an offset, or its qpair's share of capsule buffers used up): copied to a
+    /// pool buffer, then dropped.
+    pub capsule: Option<IoBuf>,
+    /// This request's index in its qpair's slots.
+    pub slot: u32,
     /// Bytes the receive actually carried after the SQE (bounds in-capsule SGLs).
     pub received_data: u32,
     /// When the RDMA READ or the response (`Reading`, `Sending`) was posted, in the core's
     /// milliseconds: a transfer the host does not complete within the core's transfer
     /// timeout closes the qpair.
     pub posted_ms: u64,
-    /// The class (0 small, 1 large) of the data buffer this request took from the pool, counted
+    /// The class (0 small, 1 large, 2 capsule) of the data buffer this request holds, counted
     /// in its qpair's `held` until the request is released.
     pub buf_class: Option<u8>,
     /// When its capsule arrived (the core's clock, ns): `request_latency` runs from here to
@@ -96,7 +101,8 @@ impl RdmaRequest {
             state: State::Free,
             req,
             host: HostData::None,
-            recv: None,
+            capsule: None,
+            slot: 0,
             received_data: 0,
             posted_ms: 0,
             buf_class: None,
