@@ -256,13 +256,13 @@ impl<V: Verbs> DeviceResources<V> {
             let want = self.repost.len().min(MAX_CHAIN);
             let start = self.repost.len() - want;
             let (mut n, mut starved) = (0, false);
-            for i in 0..want {
+            for (i, sge) in sges.iter_mut().enumerate().take(want) {
                 let slot = self.repost[start + i];
                 let cmd = self
                     .recv_cmds
                     .sge(slot as usize * SQE_LEN, SQE_LEN)
                     .expect("slot inside the command region");
-                sges[i][0] = cmd;
+                sge[0] = cmd;
                 if let Some(pool) = &self.capsules {
                     let lent = &mut self.lent[slot as usize];
                     if lent.is_none() {
@@ -272,7 +272,7 @@ impl<V: Verbs> DeviceResources<V> {
                         starved = true;
                         break;
                     };
-                    sges[i][1] = Sge {
+                    sge[1] = Sge {
                         addr: buf.addr(),
                         length: self.in_capsule,
                         lkey: buf.lkey(),
