@@ -2,7 +2,7 @@
 # Runs every fuzz target for SECONDS each with the seeded mutator (a fresh seed per run,
 # printed so a failure can be replayed: nvmf-fuzz run TARGET SECONDS SEED). A failing input
 # is saved under $TMPDIR/nvmf-fuzz-crashes and replays with: nvmf-fuzz one TARGET FILE.
-# CI (tests/run-all): fuzz/run.sh 30: four targets, about 2 minutes after the build.
+# CI (tests/run-all): fuzz/run.sh 25: four targets, about 1.7 minutes after the build.
 # It takes no lock itself; on a shared machine wrap it: flock /tmp/nvmf-heavy.lock fuzz/run.sh 45
 set -euo pipefail
 secs=${1:?usage: fuzz/run.sh SECONDS}
