@@ -24,7 +24,7 @@ use nvmf_target::rpc::{
 use nvmf_target::target::Target;
 use nvmf_target::transport::options::{TransportKind, TransportOptions};
 use nvmf_target::transport::rdma::RdmaTransport;
-use nvmf_target::transport::Transport;
+use nvmf_target::transport::{Transport, TransportError};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -268,13 +268,10 @@ fn rpc_options(args: &Args) -> anyhow::Result<nvmf_rpc::ServerOptions> {
 
 fn transport_factory() -> TransportFactory {
     Box::new(
-        |opts: &TransportOptions| -> Result<Arc<dyn Transport>, String> {
-            match opts.kind()? {
+        |opts: &TransportOptions| -> Result<Arc<dyn Transport>, TransportError> {
+            match opts.kind().map_err(TransportError::invalid_option)? {
                 TransportKind::Rdma => Ok(Arc::new(RdmaTransport::new(opts.clone())?)),
-                other => Err(format!(
-                    "transport {} is not supported by this target yet",
-                    other.name()
-                )),
+                other => Err(TransportError::UnsupportedType(other.name().to_string())),
             }
         },
     )

@@ -15,8 +15,8 @@ use crate::core::subsystem::{
     ListenAddress, Namespace, NsStats, Referral, SubsystemConfig, SubsystemId, SubsystemKind,
     SubsystemShared,
 };
+use crate::core::transport::{IdleTransportGroup, Transport, TransportError};
 use crate::core::{PollGroupHandle, TargetInfo};
-use crate::transport::Transport;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
@@ -52,8 +52,15 @@ pub enum TargetError {
     TransportExists(String),
     #[error("transport {0} does not exist; create it with nvmf_create_transport")]
     NoTransport(String),
-    #[error("cannot listen on {addr}: {reason}")]
-    Listen { addr: String, reason: String },
+    /// The transport refused the listen address; the doctor (`nvmf-doctor -a traddr`) explains
+    /// why a fabric address cannot be used.
+    #[error("cannot listen on {addr}: {source}; run `nvmf-doctor -a {traddr}` to diagnose")]
+    Listen {
+        addr: String,
+        traddr: String,
+        #[source]
+        source: TransportError,
+    },
     #[error(transparent)]
     Bdev(#[from] BdevError),
     #[error(transparent)]
@@ -510,9 +517,10 @@ impl Target {
             .ok_or_else(|| TargetError::NoTransport(addr.trtype.clone()))?;
         transport
             .listen(&addr)
-            .map_err(|reason| TargetError::Listen {
+            .map_err(|source| TargetError::Listen {
                 addr: addr.to_string(),
-                reason: format!("{reason}; run `nvmf-doctor -a {}` to diagnose", addr.traddr),
+                traddr: addr.traddr.clone(),
+                source,
             })?;
         let sub = self
             .subsystems
@@ -629,7 +637,7 @@ fn attach_transport(pg: &PollGroupHandle, transport: Arc<dyn Transport>) {
             Ok(t) => t,
             Err(e) => {
                 failure = Some(e);
-                Box::new(crate::transport::IdleTransportGroup)
+                Box::new(IdleTransportGroup)
             }
         });
         if let Some(e) = failure {

@@ -25,6 +25,8 @@ use nvmf_common::spec::{IoOpcode, Status};
 use nvmf_target::bdev::{BdevRef, MallocBdev};
 use nvmf_target::rpc::{self, Control};
 use nvmf_target::target::{NamespaceOptions, SubsystemOptions};
+use nvmf_target::transport::options::TransportOptions;
+use nvmf_target::transport::TransportError;
 use nvmf_tests::*;
 use serde_json::Value;
 use zerocopy::{FromBytes, IntoBytes};
@@ -904,7 +906,10 @@ fn persistence_feature_and_ptpl_across_a_restart() {
     // Save the config, drop the whole target, rebuild one from the saved config.
     let LoopbackLab { target, .. } = lab;
     drop(h);
-    let control = Control::new(target, Box::new(|_| Err("no transports here".to_string())));
+    let control = Control::new(
+        target,
+        Box::new(|o: &TransportOptions| Err(TransportError::UnsupportedType(o.trtype.clone()))),
+    );
     let saved = rpc::nvmf::config(&control);
     let add_ns = saved
         .iter()
@@ -925,7 +930,10 @@ fn persistence_feature_and_ptpl_across_a_restart() {
         pg,
         transport,
     } = lab;
-    let mut control = Control::new(target, Box::new(|_| Err("no transports here".to_string())));
+    let mut control = Control::new(
+        target,
+        Box::new(|o: &TransportOptions| Err(TransportError::UnsupportedType(o.trtype.clone()))),
+    );
     for e in saved
         .iter()
         .filter(|e| e["method"] != "nvmf_create_transport")

@@ -16,6 +16,8 @@ use nvmf_target::metrics::{self, ReactorCounters};
 use nvmf_target::reactor::{start_reactors, stop_reactors};
 use nvmf_target::rpc::Control;
 use nvmf_target::target::{NamespaceOptions, SubsystemOptions, Target};
+use nvmf_target::transport::options::TransportOptions;
+use nvmf_target::transport::TransportError;
 use nvmf_tests::*;
 
 const NQN: &str = "nqn.2016-06.io.spdk:metrics";
@@ -89,7 +91,7 @@ fn a_hosts_io_shows_up_in_the_metrics() {
         .collect();
     let control = Arc::new(Mutex::new(Control::new(
         target,
-        Box::new(|_| Err("no transports in this test".to_string())),
+        Box::new(|o: &TransportOptions| Err(TransportError::UnsupportedType(o.trtype.clone()))),
     )));
     let addr = metrics::serve(
         metrics::parse_listen("127.0.0.1:0").unwrap(),

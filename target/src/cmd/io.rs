@@ -11,13 +11,40 @@ use crate::bdev::{BdevCompletion, BdevIo, IoKind};
 use crate::cmd::{data_phase, reservation};
 use crate::core::ana;
 use crate::core::queue::QueueState;
-use crate::core::request::{DataDirection, Exec, Prepared, Request};
+use crate::core::request::{DataDirection, Exec, Op, Prepared, Request};
+use crate::core::reservation::Access;
 use crate::core::status::from_bdev;
 use crate::core::subsystem::{Namespace, SubsystemId};
 use crate::core::{CoreCtx, Counted};
 
 const AUX_BUFFERS: u32 = 32;
 const DSM_RANGE_LEN: u32 = core::mem::size_of::<DsmRange>() as u32;
+
+/// A command on a namespace's blocks, as `prepare` decoded and checked it: the LBA range is
+/// inside the namespace and the transfer within MDTS, so `execute` only has to run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IoCmd {
+    Read(ReadWrite),
+    Write(ReadWrite),
+    Compare(ReadWrite),
+    Flush,
+    WriteZeroes(ReadWrite),
+    DatasetManagement(Dsm),
+}
+
+impl IoCmd {
+    /// The command group it belongs to for the reservation check.
+    #[inline]
+    fn access(self) -> Access {
+        match self {
+            IoCmd::Read(_) | IoCmd::Compare(_) => Access::Read,
+            IoCmd::Write(_)
+            | IoCmd::WriteZeroes(_)
+            | IoCmd::DatasetManagement(_)
+            | IoCmd::Flush => Access::Write,
+        }
+    }
+}
 
 fn ids(q: &QueueState, req: &Request) -> (SubsystemId, u32) {
     (q.subsystem.expect("I/O queues are connected"), req.nsid)
@@ -30,11 +57,13 @@ fn check_range(num_blocks: u64, slba: u64, nlb: u64) -> Result<(), Status> {
     }
 }
 
-pub fn prepare(
+/// Decodes and checks an I/O queue's command once: what it is (the [`Op`] `execute` and
+/// `resume` run) and its data phase.
+pub(crate) fn prepare(
     core: &mut CoreCtx,
     q: &mut QueueState,
     req: &mut Request,
-) -> Result<Prepared, Status> {
+) -> Result<(Op, Prepared), Status> {
     let ctrl = q.ctrl.as_ref().expect("checked by the caller");
     if !ctrl.is_ready() {
         return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
@@ -56,7 +85,7 @@ pub fn prepare(
     }
     req.nsid = nsid;
     let read_only = ns.bdev.read_only();
-    match IoOpcode(req.cmd.opcode) {
+    let (cmd, prepared) = match IoOpcode(req.cmd.opcode) {
         op @ (IoOpcode::READ | IoOpcode::WRITE | IoOpcode::COMPARE) => {
             let rw = ReadWrite::parse(&req.cmd);
             check_range(ns.num_blocks(), rw.slba, u64::from(rw.nlb))?;
@@ -64,27 +93,33 @@ pub fn prepare(
             if bytes > u64::from(q.limits.max_transfer()) {
                 return Err(Status::INVALID_FIELD.with_dnr());
             }
-            if op == IoOpcode::WRITE && read_only {
-                return Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr());
-            }
-            let dir = if op == IoOpcode::READ {
-                DataDirection::ControllerToHost
-            } else {
-                DataDirection::HostToController
+            let (cmd, dir) = match op {
+                IoOpcode::READ => (IoCmd::Read(rw), DataDirection::ControllerToHost),
+                IoOpcode::WRITE if read_only => {
+                    return Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr())
+                }
+                IoOpcode::WRITE => (IoCmd::Write(rw), DataDirection::HostToController),
+                _ => (IoCmd::Compare(rw), DataDirection::HostToController),
             };
-            if op != IoOpcode::COMPARE {
+            if !matches!(cmd, IoCmd::Compare(_)) {
                 req.started = Some(std::time::Instant::now());
             }
-            data_phase(q, &req.cmd, dir, bytes as u32)
+            (cmd, data_phase(q, &req.cmd, dir, bytes as u32)?)
         }
-        IoOpcode::FLUSH => data_phase(q, &req.cmd, DataDirection::None, 0),
+        IoOpcode::FLUSH => (
+            IoCmd::Flush,
+            data_phase(q, &req.cmd, DataDirection::None, 0)?,
+        ),
         IoOpcode::WRITE_ZEROES => {
             let rw = ReadWrite::parse(&req.cmd);
             check_range(ns.num_blocks(), rw.slba, u64::from(rw.nlb))?;
             if read_only {
                 return Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr());
             }
-            data_phase(q, &req.cmd, DataDirection::None, 0)
+            (
+                IoCmd::WriteZeroes(rw),
+                data_phase(q, &req.cmd, DataDirection::None, 0)?,
+            )
         }
         IoOpcode::DATASET_MANAGEMENT => {
             let dsm = Dsm::parse(&req.cmd);
@@ -99,16 +134,21 @@ pub fn prepare(
             if dsm.attr_deallocate && read_only {
                 return Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr());
             }
-            data_phase(
+            let prepared = data_phase(
                 q,
                 &req.cmd,
                 DataDirection::HostToController,
                 dsm.nr * DSM_RANGE_LEN,
-            )
+            )?;
+            (IoCmd::DatasetManagement(dsm), prepared)
         }
-        op if reservation::is_reservation_command(op) => reservation::prepare(q, req),
-        _ => Err(Status::INVALID_OPCODE.with_dnr()),
-    }
+        op => {
+            let resv =
+                reservation::decode(op, &req.cmd).ok_or(Status::INVALID_OPCODE.with_dnr())?;
+            return Ok((Op::Reservation(resv), reservation::prepare(q, req, resv)?));
+        }
+    };
+    Ok((Op::Io(cmd), prepared))
 }
 
 /// With the host's write cache switched off (Set Features VWC) every change to the media must
@@ -127,7 +167,13 @@ struct DsmTarget {
     fua: bool,
 }
 
-pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
+/// Runs the command `prepare` decoded.
+pub(crate) fn execute(
+    core: &mut CoreCtx,
+    q: &mut QueueState,
+    req: &mut Request,
+    cmd: IoCmd,
+) -> Exec {
     let (sid, nsid) = ids(q, req);
     // Borrowed, not cloned: a clone is an atomic read-modify-write on memory every reactor
     // touches, per command. Visibility is checked again: the namespace may have been masked
@@ -138,14 +184,9 @@ pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exe
     };
     // Reservations are checked here, where the command is handed to the bdev, so a
     // reservation change that completed before this point always applies. One lock-free load.
-    let opcode = IoOpcode(req.cmd.opcode);
-    if let Some(access) = reservation::access_of(opcode) {
-        let host = &q.ctrl.as_ref().expect("I/O queues are connected").hostid;
-        if let Err(status) = ns.resv.check(host, access) {
-            return req.fail(status);
-        }
-    } else if reservation::is_reservation_command(opcode) {
-        return reservation::execute(core, q, req);
+    let host = &q.ctrl.as_ref().expect("I/O queues are connected").hostid;
+    if let Err(status) = ns.resv.check(host, cmd.access()) {
+        return req.fail(status);
     }
     let io = |kind, offset_blocks, num_blocks, buf, fua| BdevIo {
         tag: req.tag.0,
@@ -155,19 +196,15 @@ pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exe
         buf,
         fua,
     };
-    let bdev_io = match IoOpcode(req.cmd.opcode) {
-        IoOpcode::READ => {
-            let rw = ReadWrite::parse(&req.cmd);
-            io(
-                IoKind::Read,
-                rw.slba,
-                u64::from(rw.nlb),
-                req.data.take(),
-                false,
-            )
-        }
-        IoOpcode::WRITE => {
-            let rw = ReadWrite::parse(&req.cmd);
+    let bdev_io = match cmd {
+        IoCmd::Read(rw) => io(
+            IoKind::Read,
+            rw.slba,
+            u64::from(rw.nlb),
+            req.data.take(),
+            false,
+        ),
+        IoCmd::Write(rw) => {
             let fua = rw.fua || write_through(q, ns);
             io(
                 IoKind::Write,
@@ -177,8 +214,7 @@ pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exe
                 fua,
             )
         }
-        IoOpcode::COMPARE => {
-            let rw = ReadWrite::parse(&req.cmd);
+        IoCmd::Compare(rw) => {
             let Some(mut aux) = aux_buffer(core, q, req.len) else {
                 // Not DNR: the host retries once other Compares have returned their buffers.
                 return req.fail(Status::COMMAND_INTERRUPTED);
@@ -186,30 +222,28 @@ pub fn execute(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exe
             aux.set_len(req.len as usize);
             io(IoKind::Read, rw.slba, u64::from(rw.nlb), Some(aux), false)
         }
-        IoOpcode::FLUSH => {
+        IoCmd::Flush => {
             if !ns.bdev.supports(IoKind::Flush) {
                 return req.fail(Status::SUCCESS);
             }
             io(IoKind::Flush, 0, 0, None, false)
         }
-        IoOpcode::WRITE_ZEROES => {
-            let rw = ReadWrite::parse(&req.cmd);
+        IoCmd::WriteZeroes(rw) => {
             if !ns.bdev.supports(IoKind::WriteZeroes) {
                 return req.fail(Status::INVALID_OPCODE.with_dnr());
             }
             let fua = rw.fua || write_through(q, ns);
             io(IoKind::WriteZeroes, rw.slba, u64::from(rw.nlb), None, fua)
         }
-        IoOpcode::DATASET_MANAGEMENT => {
+        IoCmd::DatasetManagement(dsm) => {
             let target = DsmTarget {
                 nsid,
                 num_blocks: ns.num_blocks(),
                 unmap: ns.bdev.supports(IoKind::Unmap),
                 fua: write_through(q, ns),
             };
-            return dataset_management(core, sid, target, req);
+            return dataset_management(core, sid, target, dsm, req);
         }
-        _ => return req.fail(Status::INVALID_OPCODE.with_dnr()),
     };
     match core.submit_io(sid, nsid, bdev_io) {
         Ok(()) => Exec::Pending,
@@ -235,9 +269,9 @@ fn dataset_management(
     core: &mut CoreCtx,
     sid: SubsystemId,
     ns: DsmTarget,
+    dsm: Dsm,
     req: &mut Request,
 ) -> Exec {
-    let dsm = Dsm::parse(&req.cmd);
     if !dsm.attr_deallocate {
         return req.fail(Status::SUCCESS);
     }
@@ -286,27 +320,27 @@ fn dataset_management(
     Exec::Pending
 }
 
-pub fn on_bdev_complete(
+pub(crate) fn on_bdev_complete(
     core: &mut CoreCtx,
     q: &mut QueueState,
     req: &mut Request,
+    cmd: IoCmd,
     done: BdevCompletion,
 ) -> Exec {
-    let opcode = IoOpcode(req.cmd.opcode);
     let status = from_bdev(done.kind, done.result);
     let (sid, _) = ids(q, req);
-    let kind = match opcode {
+    let kind = match cmd {
         _ if !status.is_success() => Some(Counted::Error),
-        IoOpcode::READ => Some(Counted::Read),
-        IoOpcode::WRITE => Some(Counted::Write),
+        IoCmd::Read(_) => Some(Counted::Read),
+        IoCmd::Write(_) => Some(Counted::Write),
         _ => None,
     };
     if let Some(kind) = kind {
         let took = req.started.map(|t| t.elapsed());
         core.count_io(sid, req.nsid, kind, req.len, took);
     }
-    match opcode {
-        IoOpcode::COMPARE => {
+    match cmd {
+        IoCmd::Compare(_) => {
             let device_copy = done.buf;
             if !status.is_success() {
                 return req.fail(status);
@@ -318,7 +352,7 @@ pub fn on_bdev_complete(
                 Status::COMPARE_FAILURE.with_dnr()
             })
         }
-        IoOpcode::DATASET_MANAGEMENT => {
+        IoCmd::DatasetManagement(_) => {
             req.progress.outstanding = req.progress.outstanding.saturating_sub(1);
             if !status.is_success() {
                 req.progress.status.get_or_insert(status);

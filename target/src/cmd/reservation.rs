@@ -18,13 +18,13 @@ use nvmf_common::spec::reservation::{
     ReservationRegister, ReservationRelease, ReservationReport, ReservationStatusHeader,
     NOTIFICATION_MASK_ALL, PTPL_ENABLE, RESERVATION_STATUS_EXT_HEADER_LEN,
 };
-use nvmf_common::spec::{IoOpcode, Status};
+use nvmf_common::spec::{Command, IoOpcode, Status};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use crate::cmd::data_phase;
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, Request};
-use crate::core::reservation::{Access, Notice, ResvState};
+use crate::core::reservation::{Notice, ResvState};
 use crate::core::subsystem::{Namespace, SubsystemId};
 use crate::core::CoreCtx;
 
@@ -32,47 +32,42 @@ use crate::core::CoreCtx;
 /// the dynamic controller model (NVMe 2.0 base, Figure 69; nvmet reports the same).
 const CNTLID_DYNAMIC: u16 = 0xFFFF;
 
-/// The command group an I/O opcode belongs to for the reservation check; `None` for the
-/// commands a reservation does not restrict (the reservation commands themselves).
-#[inline]
-pub(crate) fn access_of(opcode: IoOpcode) -> Option<Access> {
-    match opcode {
-        IoOpcode::READ | IoOpcode::COMPARE => Some(Access::Read),
-        IoOpcode::WRITE
-        | IoOpcode::WRITE_ZEROES
-        | IoOpcode::DATASET_MANAGEMENT
-        | IoOpcode::FLUSH => Some(Access::Write),
-        _ => None,
-    }
+/// A reservation command as `prepare` decoded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResvCmd {
+    Register(ReservationRegister),
+    Acquire(ReservationAcquire),
+    Release(ReservationRelease),
+    Report(ReservationReport),
 }
 
-pub(crate) fn is_reservation_command(opcode: IoOpcode) -> bool {
-    matches!(
-        opcode,
-        IoOpcode::RESERVATION_REGISTER
-            | IoOpcode::RESERVATION_REPORT
-            | IoOpcode::RESERVATION_ACQUIRE
-            | IoOpcode::RESERVATION_RELEASE
-    )
+/// The reservation command `opcode` names, decoded; `None` for any other opcode.
+pub(crate) fn decode(opcode: IoOpcode, cmd: &Command) -> Option<ResvCmd> {
+    Some(match opcode {
+        IoOpcode::RESERVATION_REGISTER => ResvCmd::Register(ReservationRegister::parse(cmd)),
+        IoOpcode::RESERVATION_ACQUIRE => ResvCmd::Acquire(ReservationAcquire::parse(cmd)),
+        IoOpcode::RESERVATION_RELEASE => ResvCmd::Release(ReservationRelease::parse(cmd)),
+        IoOpcode::RESERVATION_REPORT => ResvCmd::Report(ReservationReport::parse(cmd)),
+        _ => return None,
+    })
 }
 
 /// The data phase of a reservation command: the key data in, or the report out.
-pub(crate) fn prepare(q: &QueueState, req: &Request) -> Result<Prepared, Status> {
-    let (dir, len) = match IoOpcode(req.cmd.opcode) {
-        IoOpcode::RESERVATION_REGISTER => (
+pub(crate) fn prepare(q: &QueueState, req: &Request, resv: ResvCmd) -> Result<Prepared, Status> {
+    let (dir, len) = match resv {
+        ResvCmd::Register(_) => (
             DataDirection::HostToController,
             size_of::<RegisterData>() as u32,
         ),
-        IoOpcode::RESERVATION_ACQUIRE => (
+        ResvCmd::Acquire(_) => (
             DataDirection::HostToController,
             size_of::<AcquireData>() as u32,
         ),
-        IoOpcode::RESERVATION_RELEASE => (
+        ResvCmd::Release(_) => (
             DataDirection::HostToController,
             size_of::<ReleaseData>() as u32,
         ),
-        _ => {
-            let report = ReservationReport::parse(&req.cmd);
+        ResvCmd::Report(report) => {
             if report.len > u64::from(q.limits.max_transfer()) {
                 return Err(Status::INVALID_FIELD.with_dnr());
             }
@@ -82,7 +77,12 @@ pub(crate) fn prepare(q: &QueueState, req: &Request) -> Result<Prepared, Status>
     data_phase(q, &req.cmd, dir, len)
 }
 
-pub(crate) fn execute(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
+pub(crate) fn execute(
+    core: &mut CoreCtx,
+    q: &QueueState,
+    req: &mut Request,
+    resv: ResvCmd,
+) -> Exec {
     let ctrl = q.ctrl.as_ref().expect("I/O queues are connected");
     let sid = q.subsystem.expect("connected queues have a subsystem");
     let Some(ns) = core
@@ -92,30 +92,27 @@ pub(crate) fn execute(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> 
         return req.fail(Status::INVALID_NAMESPACE.with_dnr());
     };
     let host = ctrl.hostid;
-    let result = match IoOpcode(req.cmd.opcode) {
-        IoOpcode::RESERVATION_REGISTER => {
-            let cmd = ReservationRegister::parse(&req.cmd);
+    let result = match resv {
+        ResvCmd::Register(cmd) => {
             let Ok((data, _)) = RegisterData::read_from_prefix(req.data()) else {
                 return req.fail(Status::INVALID_FIELD.with_dnr());
             };
             let capable = ns.resv.ptpl_capable();
             ns.resv.update(|s| s.register(&host, cmd, data, capable))
         }
-        IoOpcode::RESERVATION_ACQUIRE => {
-            let cmd = ReservationAcquire::parse(&req.cmd);
+        ResvCmd::Acquire(cmd) => {
             let Ok((data, _)) = AcquireData::read_from_prefix(req.data()) else {
                 return req.fail(Status::INVALID_FIELD.with_dnr());
             };
             ns.resv.update(|s| s.acquire(&host, cmd, data))
         }
-        IoOpcode::RESERVATION_RELEASE => {
-            let cmd = ReservationRelease::parse(&req.cmd);
+        ResvCmd::Release(cmd) => {
             let Ok((data, _)) = ReleaseData::read_from_prefix(req.data()) else {
                 return req.fail(Status::INVALID_FIELD.with_dnr());
             };
             ns.resv.update(|s| s.release(&host, cmd, data.crkey.get()))
         }
-        _ => return report(&ns.resv.state(), req),
+        ResvCmd::Report(rep) => return report(&ns.resv.state(), rep, req),
     };
     match result {
         Ok(notices) => {
@@ -131,8 +128,7 @@ pub(crate) fn execute(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> 
 /// Identifier Inconsistent Format, as SPDK and nvmet answer. A transfer too short for the
 /// header is Invalid Field (nvmet); registrants that do not fit are counted in REGCTL but
 /// left out.
-fn report(state: &ResvState, req: &mut Request) -> Exec {
-    let rep = ReservationReport::parse(&req.cmd);
+fn report(state: &ResvState, rep: ReservationReport, req: &mut Request) -> Exec {
     if !rep.eds {
         return req.fail(Status::HOST_ID_INCONSISTENT_FORMAT.with_dnr());
     }

@@ -20,7 +20,7 @@ use crate::cmd;
 use crate::core::controller::ControllerLocal;
 use crate::core::latency::NamespaceLatency;
 use crate::core::queue::QueueState;
-use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
+use crate::core::request::{DataDirection, Exec, Op, Prepared, ReqTag, Request, Wakeup};
 use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId, SubsystemKind};
 
 pub mod ana;
@@ -33,6 +33,7 @@ pub mod request;
 pub mod reservation;
 pub mod status;
 pub mod subsystem;
+pub mod transport;
 
 /// Default of [`CoreCtx::connect_timeout_ms`]: hosts send Connect right after the transport
 /// connection is up (Linux within milliseconds); ten seconds is generous even under emulation.
@@ -390,7 +391,8 @@ impl CoreCtx {
         }
     }
 
-    /// Step 1 of every command: parse and validate, decide the data phase.
+    /// Step 1 of every command: parse and validate, decide the data phase. What the command
+    /// is gets decided here, once: `execute` and `resume` run the request's [`Op`].
     pub fn prepare(&mut self, q: &mut QueueState, req: &mut Request) -> Prepared {
         req.rsp.cid = req.cmd.cid;
         req.rsp.sq_id.set(q.qid);
@@ -401,16 +403,17 @@ impl CoreCtx {
             // so both are refused, as nvmet does.
             Err(Status::INVALID_FIELD.with_dnr())
         } else if req.cmd.opcode == FABRICS_OPCODE {
-            cmd::fabrics::prepare(self, q, req)
+            cmd::fabrics::prepare(self, q, req).map(|p| (Op::Fabrics, p))
         } else if !q.is_connected() {
             Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr())
         } else if q.is_admin() {
-            cmd::admin::prepare(self, q, req)
+            cmd::admin::prepare(self, q, req).map(|p| (Op::Admin, p))
         } else {
             cmd::io::prepare(self, q, req)
         };
         match decided {
-            Ok(prepared) => {
+            Ok((op, prepared)) => {
+                req.op = op;
                 if let Prepared::Data { dir, len } = prepared {
                     req.dir = dir;
                     req.len = len;
@@ -418,6 +421,7 @@ impl CoreCtx {
                 prepared
             }
             Err(status) => {
+                req.op = Op::Unprepared;
                 self.note_error(q, req, status);
                 req.complete(status);
                 Prepared::Complete
@@ -431,17 +435,18 @@ impl CoreCtx {
         // only what they know, so a controller-to-host buffer starts as zeroes: no byte a
         // handler did not write leaves the target. (I/O reads are filled whole by the bdev,
         // and a failed command transfers no data.)
-        if req.dir == DataDirection::ControllerToHost
-            && (req.cmd.opcode == FABRICS_OPCODE || q.is_admin())
-        {
+        if req.dir == DataDirection::ControllerToHost && matches!(req.op, Op::Fabrics | Op::Admin) {
             req.data_mut().fill(0);
         }
-        let exec = if req.cmd.opcode == FABRICS_OPCODE {
-            cmd::fabrics::execute(self, q, req)
-        } else if q.is_admin() {
-            cmd::admin::execute(self, q, req)
-        } else {
-            cmd::io::execute(self, q, req)
+        let exec = match req.op {
+            Op::Fabrics => cmd::fabrics::execute(self, q, req),
+            Op::Admin => cmd::admin::execute(self, q, req),
+            Op::Io(io) => cmd::io::execute(self, q, req, io),
+            Op::Reservation(resv) => cmd::reservation::execute(self, q, req, resv),
+            Op::Unprepared => {
+                tracing::error!(tag = ?req.tag, "execute of a request that was not prepared");
+                req.fail(Status::INTERNAL_ERROR.with_dnr())
+            }
         };
         self.after(q, req, exec)
     }
@@ -449,11 +454,16 @@ impl CoreCtx {
     /// Step 2 again, for a request that was pending.
     pub fn resume(&mut self, q: &mut QueueState, req: &mut Request, wakeup: Wakeup) -> Exec {
         let exec = match wakeup {
-            // Only the shutdown sequence's flushes are bdev I/O of a fabrics command.
-            Wakeup::Bdev(done) if req.cmd.opcode == FABRICS_OPCODE => {
-                cmd::fabrics::on_shutdown_flush(q, req, done)
-            }
-            Wakeup::Bdev(done) => cmd::io::on_bdev_complete(self, q, req, done),
+            Wakeup::Bdev(done) => match req.op {
+                Op::Io(io) => cmd::io::on_bdev_complete(self, q, req, io, done),
+                // Only the shutdown sequence's flushes are bdev I/O of a fabrics command.
+                Op::Fabrics => cmd::fabrics::on_shutdown_flush(q, req, done),
+                Op::Admin | Op::Reservation(_) | Op::Unprepared => {
+                    tracing::error!(tag = ?req.tag, op = ?req.op,
+                        "bdev completion for a request that submitted no bdev I/O");
+                    req.fail(Status::INTERNAL_ERROR.with_dnr())
+                }
+            },
             Wakeup::Finished { status, dw0 } => {
                 req.complete_with(status, dw0);
                 Exec::Complete
@@ -465,7 +475,7 @@ impl CoreCtx {
 
     fn after(&mut self, q: &QueueState, req: &Request, exec: Exec) -> Exec {
         if exec == Exec::Complete {
-            if !q.is_admin() && req.cmd.opcode != FABRICS_OPCODE {
+            if req.op.is_nvme_io() {
                 self.stats.completed_nvme_io += 1;
             }
             let status = req.status();

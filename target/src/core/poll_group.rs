@@ -8,8 +8,8 @@ use std::sync::Arc;
 use crossbeam::queue::SegQueue;
 
 use crate::core::request::{ReqTag, Wakeup};
+use crate::core::transport::TransportPollGroup;
 use crate::core::{CoreCtx, TargetInfo};
-use crate::transport::TransportPollGroup;
 
 const SHUTDOWN_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 

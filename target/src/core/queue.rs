@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::core::controller::ControllerShared;
 use crate::core::subsystem::{ListenAddress, SubsystemId};
-use crate::transport::TransportLimits;
+use crate::core::transport::TransportLimits;
 
 pub struct QueueState {
     /// Queue id the transport learned before Connect (RDMA CM private data), if any; Connect

@@ -1,6 +1,6 @@
-//! A request's life in the core: `prepare` (parse and validate, say what data moves), the
-//! transport moves host data in, `execute` runs it, and every path ends in one completion
-//! status written into the response capsule.
+//! A request's life in the core: `prepare` (parse and validate once, decide what the command
+//! is and what data moves), the transport moves host data in, `execute` runs what `prepare`
+//! decided, and every path ends in one completion status written into the response capsule.
 //!
 //! The transport owns the [`Request`] (it lives in the transport's request slot with its
 //! RDMA state); the core borrows it at each step. A request that has to wait for a bdev or an
@@ -11,6 +11,8 @@ use nvmf_common::buffer::IoBuf;
 use nvmf_common::spec::{Command, Completion, Status};
 
 use crate::bdev::BdevCompletion;
+use crate::cmd::io::IoCmd;
+use crate::cmd::reservation::ResvCmd;
 
 /// Names a request across the core/transport boundary: the transport poll group's index in the
 /// reactor's poll group (top 8 bits) and the transport's own slot id (low 56 bits).
@@ -76,6 +78,31 @@ pub enum Wakeup {
     Aborted(Status),
 }
 
+/// What `prepare` decided a command is: the command set that runs it and, for the I/O
+/// command set, the command as it decoded and checked it. `execute` and `resume` dispatch on
+/// it and never decode the SQE again (nvmet's `req->execute`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Not prepared yet, or refused by `prepare`.
+    #[default]
+    Unprepared,
+    /// A fabrics command (Connect, Property Get/Set), on any queue.
+    Fabrics,
+    /// An admin command (or a discovery controller's).
+    Admin,
+    /// A command on a namespace's blocks.
+    Io(IoCmd),
+    /// A reservation command.
+    Reservation(ResvCmd),
+}
+
+impl Op {
+    /// The I/O command set's commands (reservations too): what `completed_nvme_io` counts.
+    pub(crate) fn is_nvme_io(self) -> bool {
+        matches!(self, Op::Io(_) | Op::Reservation(_))
+    }
+}
+
 /// Progress of a command that needs more than one bdev I/O (Dataset Management).
 #[derive(Debug, Default)]
 pub(crate) struct Progress {
@@ -91,6 +118,8 @@ pub struct Request {
     pub data: Option<IoBuf>,
     pub dir: DataDirection,
     pub len: u32,
+    /// What `prepare` decided the command is.
+    pub(crate) op: Op,
     pub(crate) progress: Progress,
     /// The namespace id this request runs against, resolved in `prepare`.
     pub(crate) nsid: u32,
@@ -107,6 +136,7 @@ impl Request {
             data: None,
             dir: DataDirection::None,
             len: 0,
+            op: Op::Unprepared,
             progress: Progress::default(),
             nsid: 0,
             started: None,
@@ -121,6 +151,7 @@ impl Request {
         self.data = None;
         self.dir = DataDirection::None;
         self.len = 0;
+        self.op = Op::Unprepared;
         self.progress = Progress::default();
         self.nsid = 0;
         self.started = None;

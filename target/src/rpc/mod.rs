@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::target::Target;
 use crate::transport::options::TransportOptions;
-use crate::transport::Transport;
+use crate::transport::{Transport, TransportError};
 
 pub mod app;
 pub mod bdev;
@@ -64,7 +64,7 @@ pub const DEFAULT_MAX_SUBSYSTEMS: u32 = 1024;
 /// honour every one of them (the resource-tuning ones included) or return `Err` naming what it
 /// cannot do.
 pub type TransportFactory =
-    Box<dyn Fn(&TransportOptions) -> Result<Arc<dyn Transport>, String> + Send>;
+    Box<dyn Fn(&TransportOptions) -> Result<Arc<dyn Transport>, TransportError> + Send>;
 
 /// Runs once when `framework_start_init` leaves [`InitState::WaitingForRpc`]; an `Err` keeps the
 /// target waiting and is the RPC's error.

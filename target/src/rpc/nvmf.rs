@@ -22,6 +22,7 @@ use crate::bdev::util;
 use crate::core::subsystem::{ListenAddress, SubsystemKind};
 use crate::target::{NamespaceOptions, SubsystemOptions, SubsystemState};
 use crate::transport::options::{TransportKind, TransportOptions};
+use crate::transport::TransportError;
 
 fn true_() -> Value {
     Value::Bool(true)
@@ -78,8 +79,13 @@ pub fn nvmf_create_transport(c: &mut Control, params: Option<Value>) -> Result<V
         ));
     }
     let transport = (c.transport_factory)(&opts).map_err(|e| {
+        // A failed RDMA call is the fabric's set-up, which the doctor checks.
+        let hint = match e {
+            TransportError::Rdma { .. } => "; run `nvmf-doctor` to diagnose",
+            _ => "",
+        };
         RpcError::internal(format!(
-            "Transport type '{}' create failed: {e}",
+            "Transport type '{}' create failed: {e}{hint}",
             kind.name()
         ))
     })?;

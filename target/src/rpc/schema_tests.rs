@@ -19,7 +19,7 @@ use crate::core::subsystem::ListenAddress;
 use crate::core::TargetInfo;
 use crate::transport::loopback::LoopbackTransport;
 use crate::transport::options::TransportKind;
-use crate::transport::{Transport, TransportLimits};
+use crate::transport::{Transport, TransportError, TransportLimits};
 
 const SCHEMA: &str = include_str!("../../tests/data/spdk-schema.yaml");
 
@@ -64,7 +64,7 @@ impl Transport for KindTransport {
     fn limits(&self) -> TransportLimits {
         self.inner.limits()
     }
-    fn listen(&self, _: &ListenAddress) -> Result<(), String> {
+    fn listen(&self, _: &ListenAddress) -> Result<(), TransportError> {
         Ok(())
     }
     fn stop_listen(&self, _: &ListenAddress) {}
@@ -75,7 +75,7 @@ impl Transport for KindTransport {
         &self,
         index: u8,
         group: &crate::core::PollGroupHandle,
-    ) -> Result<Box<dyn crate::transport::TransportPollGroup>, String> {
+    ) -> Result<Box<dyn crate::transport::TransportPollGroup>, TransportError> {
         self.inner.create_poll_group(index, group)
     }
 }
@@ -84,7 +84,7 @@ fn control() -> Control {
     let factory: TransportFactory = Box::new(|opts: &TransportOptions| {
         Ok(Arc::new(KindTransport {
             inner: LoopbackTransport::new(opts.limits()),
-            kind: opts.kind()?,
+            kind: opts.kind().map_err(TransportError::invalid_option)?,
             opts: opts.clone(),
         }) as Arc<dyn Transport>)
     });

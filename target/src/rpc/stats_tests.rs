@@ -76,7 +76,10 @@ impl Lab {
         }
         let transport = LoopbackTransport::new(LOOPBACK_LIMITS);
         target.add_transport(Arc::new(transport.clone())).unwrap();
-        let mut control = Control::new(target, Box::new(|_| Err("none here".to_string())));
+        let mut control = Control::new(
+            target,
+            Box::new(|o: &TransportOptions| Err(TransportError::UnsupportedType(o.trtype.clone()))),
+        );
         control.reactors = reactors
             .iter()
             .map(|r| ReactorCounters {
@@ -465,7 +468,7 @@ fn log_methods_change_the_running_filter() {
 
     let mut c = Control::new(
         Target::new(Arc::new(TargetInfo::default())),
-        Box::new(|_| Err("none".to_string())),
+        Box::new(|o: &TransportOptions| Err(TransportError::UnsupportedType(o.trtype.clone()))),
     );
     let (layer, apply) = log::reload_filter("info").unwrap();
     c.log.set_apply(apply);
@@ -570,7 +573,7 @@ fn log_methods_change_the_running_filter() {
 fn spdk_kill_instance_takes_spdks_signal_names_and_numbers() {
     let mut c = Control::new(
         Target::new(Arc::new(TargetInfo::default())),
-        Box::new(|_| Err("none".to_string())),
+        Box::new(|o: &TransportOptions| Err(TransportError::UnsupportedType(o.trtype.clone()))),
     );
     fails(
         &mut c,

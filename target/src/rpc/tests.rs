@@ -18,12 +18,15 @@ use crate::core::subsystem::ListenAddress;
 use crate::core::{PollGroup, TargetInfo};
 use crate::transport::loopback::{Capsule, LoopbackHostQueue, LoopbackTransport, LOOPBACK_LIMITS};
 use crate::transport::options::TransportKind;
-use crate::transport::{Transport, TransportLimits};
+use crate::transport::{Transport, TransportError, TransportLimits};
 
 const NQN1: &str = "nqn.2016-06.io.spdk:cnode1";
 const NQN2: &str = "nqn.2016-06.io.spdk:cnode2";
 const HOST1: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
 const HOST2: &str = "nqn.2014-08.org.nvmexpress:uuid:66666666-2222-3333-4444-555555555555";
+
+/// The listen address [`TestTransport`] refuses.
+const REFUSED_TRADDR: &str = "192.0.2.1";
 
 /// A transport for control-plane tests: loopback underneath, reporting the options it was
 /// created with under the requested trtype.
@@ -40,8 +43,17 @@ impl Transport for TestTransport {
     fn limits(&self) -> TransportLimits {
         self.inner.limits()
     }
-    fn listen(&self, _: &ListenAddress) -> Result<(), String> {
-        Ok(())
+    /// Refuses 192.0.2.1 (TEST-NET-1) as an RDMA device with no such address would.
+    fn listen(&self, addr: &ListenAddress) -> Result<(), TransportError> {
+        if addr.traddr != REFUSED_TRADDR {
+            return Ok(());
+        }
+        Err(TransportError::Rdma {
+            what: format!("rdma_bind_addr({}:{})", addr.traddr, addr.trsvcid),
+            source: nvmf_common::rdma::RdmaError::BindAddr(std::io::Error::from_raw_os_error(
+                libc::EADDRNOTAVAIL,
+            )),
+        })
     }
     fn stop_listen(&self, _: &ListenAddress) {}
     fn options(&self) -> Value {
@@ -51,16 +63,27 @@ impl Transport for TestTransport {
         &self,
         index: u8,
         group: &crate::core::PollGroupHandle,
-    ) -> Result<Box<dyn crate::transport::TransportPollGroup>, String> {
+    ) -> Result<Box<dyn crate::transport::TransportPollGroup>, TransportError> {
         self.inner.create_poll_group(index, group)
     }
 }
 
 fn factory() -> TransportFactory {
     Box::new(|opts: &TransportOptions| {
-        let kind = opts.kind()?;
+        let kind = opts.kind().map_err(TransportError::invalid_option)?;
         if opts.num_shared_buffers == 1234 {
-            return Err("num_shared_buffers 1234: refused by the test transport".into());
+            return Err(TransportError::InvalidOption {
+                name: "num_shared_buffers".into(),
+                reason: "1234 refused by the test transport".into(),
+            });
+        }
+        if opts.num_shared_buffers == 4321 {
+            return Err(TransportError::Rdma {
+                what: "cannot open an RDMA CM event channel".into(),
+                source: nvmf_common::rdma::RdmaError::CreateEventChannel(
+                    std::io::Error::from_raw_os_error(libc::ENODEV),
+                ),
+            });
         }
         Ok(Arc::new(TestTransport {
             inner: LoopbackTransport::new(opts.limits()),
@@ -412,6 +435,16 @@ fn transports_create_get_and_refusals() {
         RpcError::INTERNAL_ERROR,
         "refused by the test transport",
     );
+    // A failed RDMA call points to the doctor.
+    refused(
+        &mut c,
+        "nvmf_create_transport",
+        json!({"trtype": "RDMA", "num_shared_buffers": 4321}),
+        RpcError::INTERNAL_ERROR,
+        "Transport type 'RDMA' create failed: cannot open an RDMA CM event channel: \
+         rdma_create_event_channel failed: No such device (os error 19); run `nvmf-doctor` to \
+         diagnose",
+    );
     // rpc.py's defaults (no_srq, c2h_success) are accepted.
     assert_eq!(
         ok(
@@ -726,6 +759,23 @@ fn listeners_add_get_remove_and_refusals() {
         json!({"nqn": NQN2, "listen_address": addr}),
         ENOENT,
         NQN2,
+    );
+    // The transport's own refusal: its words, then where to look.
+    let err = call(
+        &mut c,
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": NQN1, "listen_address": {"trtype": "rdma", "traddr": REFUSED_TRADDR, "trsvcid": "4420"}}),
+    )
+    .unwrap_err();
+    assert_eq!(err.code, -libc::EADDRNOTAVAIL, "{err}");
+    assert!(
+        err.message
+            .contains("rdma_bind_addr(192.0.2.1:4420): rdma_bind_addr failed: ")
+            && err
+                .message
+                .ends_with("; run `nvmf-doctor -a 192.0.2.1` to diagnose"),
+        "{}",
+        err.message
     );
     refused(
         &mut c,

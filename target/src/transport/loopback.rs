@@ -20,7 +20,7 @@ use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
 use crate::core::subsystem::ListenAddress;
 use crate::core::CoreCtx;
-use crate::transport::{TransportLimits, TransportPollGroup};
+use crate::transport::{Transport, TransportError, TransportLimits, TransportPollGroup};
 
 /// The in-process transport's fixed limits: RDMA's, with keep-alive at 100 ms granularity and a
 /// 100 ms minimum KATO so keep-alive expiry tests take milliseconds. (`nvmf_create_transport
@@ -162,7 +162,16 @@ impl LoopbackTransport {
         LoopbackHostQueue { wire }
     }
 
+    /// A poll group serving this transport's queue pairs; panics if its buffer pools cannot
+    /// be made (tests: see [`try_poll_group`](Self::try_poll_group)).
     pub fn poll_group(&self, index: u8) -> Box<dyn TransportPollGroup> {
+        self.try_poll_group(index)
+            .unwrap_or_else(|e| panic!("loopback poll group: {e}"))
+    }
+
+    /// A poll group serving this transport's queue pairs, or why its buffer pools could not be
+    /// made.
+    pub fn try_poll_group(&self, index: u8) -> Result<Box<dyn TransportPollGroup>, TransportError> {
         let large_size = (self.limits.max_transfer() as usize).max(4096);
         let pools = SizedPools::new(
             SMALL_BUFSIZE,
@@ -170,11 +179,14 @@ impl LoopbackTransport {
             large_size,
             self.sizes.large,
         )
-        .expect("loopback buffer pools");
+        .map_err(|e| TransportError::Resources {
+            what: "cannot make the loopback buffer pools",
+            source: e.into(),
+        })?;
         let mut all = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         all.push(pools.small.clone());
         all.push(pools.large.clone());
-        Box::new(LoopbackPollGroup {
+        Ok(Box::new(LoopbackPollGroup {
             index,
             inbox: Arc::clone(&self.inbox),
             limits: self.limits,
@@ -182,7 +194,7 @@ impl LoopbackTransport {
             per_qpair: self.sizes.per_qpair.max(1) as usize,
             qpairs: Vec::new(),
             waiting_for_buffer: [VecDeque::new(), VecDeque::new()],
-        })
+        }))
     }
 }
 
@@ -524,7 +536,7 @@ impl TransportPollGroup for LoopbackPollGroup {
     }
 }
 
-impl crate::transport::Transport for LoopbackTransport {
+impl Transport for LoopbackTransport {
     fn trtype(&self) -> &'static str {
         "LOOPBACK"
     }
@@ -533,18 +545,18 @@ impl crate::transport::Transport for LoopbackTransport {
         self.limits
     }
 
-    fn listen(&self, _addr: &crate::core::subsystem::ListenAddress) -> Result<(), String> {
+    fn listen(&self, _addr: &ListenAddress) -> Result<(), TransportError> {
         Ok(())
     }
 
-    fn stop_listen(&self, _addr: &crate::core::subsystem::ListenAddress) {}
+    fn stop_listen(&self, _addr: &ListenAddress) {}
 
     fn create_poll_group(
         &self,
         index: u8,
         _group: &crate::core::PollGroupHandle,
-    ) -> Result<Box<dyn TransportPollGroup>, String> {
-        Ok(self.poll_group(index))
+    ) -> Result<Box<dyn TransportPollGroup>, TransportError> {
+        self.try_poll_group(index)
     }
 
     fn options(&self) -> serde_json::Value {

@@ -24,7 +24,7 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::core::subsystem::ListenAddress;
 use crate::core::PollGroupHandle;
 use crate::transport::options::TransportOptions;
-use crate::transport::{Transport, TransportLimits, TransportPollGroup};
+use crate::transport::{Transport, TransportError, TransportLimits, TransportPollGroup};
 
 mod device;
 mod poll_group;
@@ -94,7 +94,7 @@ pub struct RdmaTransport<V: Verbs = RealVerbs> {
 }
 
 impl RdmaTransport<RealVerbs> {
-    pub fn new(opts: TransportOptions) -> Result<Self, String> {
+    pub fn new(opts: TransportOptions) -> Result<Self, TransportError> {
         Self::with_verbs(RealVerbs, opts, AcceptorMode::Thread)
     }
 }
@@ -105,12 +105,15 @@ impl<V: Verbs> RdmaTransport<V> {
         verbs: V,
         opts: TransportOptions,
         mode: AcceptorMode,
-    ) -> Result<Self, String> {
-        opts.validate()?;
+    ) -> Result<Self, TransportError> {
+        opts.validate().map_err(TransportError::invalid_option)?;
         refuse_unhonoured(&opts)?;
-        let channel = verbs.event_channel().map_err(|e| {
-            format!("cannot open an RDMA CM event channel: {e}; run `nvmf-doctor` to diagnose")
-        })?;
+        let channel = verbs
+            .event_channel()
+            .map_err(|source| TransportError::Rdma {
+                what: "cannot open an RDMA CM event channel".into(),
+                source,
+            })?;
         let shared = Arc::new(Shared {
             limits: opts.limits(),
             opts,
@@ -127,7 +130,10 @@ impl<V: Verbs> RdmaTransport<V> {
                     std::thread::Builder::new()
                         .name("nvmf-rdma-acceptor".into())
                         .spawn(move || acceptor(&shared))
-                        .map_err(|e| e.to_string())?,
+                        .map_err(|e| TransportError::Resources {
+                            what: "cannot start the RDMA acceptor thread",
+                            source: e.into(),
+                        })?,
                 )
             }
             AcceptorMode::Driven => None,
@@ -170,7 +176,7 @@ impl<V: Verbs> Drop for RdmaTransport<V> {
 /// Options this transport cannot honour are refused by name rather than ignored: it always
 /// uses a shared receive queue, sizes its CQ from the device, batches work requests and runs the
 /// CM on its own thread.
-fn refuse_unhonoured(opts: &TransportOptions) -> Result<(), String> {
+fn refuse_unhonoured(opts: &TransportOptions) -> Result<(), TransportError> {
     let d = TransportOptions::new(&opts.trtype);
     let mut refused = Vec::new();
     if opts.no_srq {
@@ -196,22 +202,24 @@ fn refuse_unhonoured(opts: &TransportOptions) -> Result<(), String> {
     if refused.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "the RDMA transport supports only the default value of: {}",
-            refused.join(", ")
-        ))
+        Err(TransportError::Unsupported {
+            trtype: "RDMA",
+            names: refused,
+        })
     }
 }
 
-fn socket_addr(addr: &ListenAddress) -> Result<SocketAddr, String> {
-    let ip: IpAddr = addr
-        .traddr
-        .parse()
-        .map_err(|_| format!("traddr {:?} is not an IP address", addr.traddr))?;
-    let port: u16 = addr
-        .trsvcid
-        .parse()
-        .map_err(|_| format!("trsvcid {:?} is not a port number", addr.trsvcid))?;
+fn socket_addr(addr: &ListenAddress) -> Result<SocketAddr, TransportError> {
+    let ip: IpAddr = addr.traddr.parse().map_err(|_| TransportError::Address {
+        field: "traddr",
+        value: addr.traddr.clone(),
+        expected: "an IP address",
+    })?;
+    let port: u16 = addr.trsvcid.parse().map_err(|_| TransportError::Address {
+        field: "trsvcid",
+        value: addr.trsvcid.clone(),
+        expected: "a port number",
+    })?;
     Ok(SocketAddr::new(ip, port))
 }
 
@@ -224,7 +232,7 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
         self.shared.limits
     }
 
-    fn listen(&self, addr: &ListenAddress) -> Result<(), String> {
+    fn listen(&self, addr: &ListenAddress) -> Result<(), TransportError> {
         let mut listeners = self
             .shared
             .listeners
@@ -234,11 +242,16 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             return Ok(());
         }
         let sockaddr = socket_addr(addr)?;
-        let id = self.shared.channel.create_id().map_err(|e| e.to_string())?;
+        let rdma = |what: String| move |source| TransportError::Rdma { what, source };
+        let id = self
+            .shared
+            .channel
+            .create_id()
+            .map_err(rdma(format!("cannot create an RDMA CM id for {sockaddr}")))?;
         id.bind_addr(sockaddr)
-            .map_err(|e| format!("rdma_bind_addr({sockaddr}): {e}"))?;
+            .map_err(rdma(format!("rdma_bind_addr({sockaddr})")))?;
         id.listen(self.shared.opts.acceptor_backlog)
-            .map_err(|e| format!("rdma_listen({sockaddr}): {e}"))?;
+            .map_err(rdma(format!("rdma_listen({sockaddr})")))?;
         tracing::info!(%sockaddr, "RDMA listener started");
         // Build each reactor's resources for this device now (SRQ, buffers, registrations):
         // on the first connect they would cost the host seconds under emulation, long enough
@@ -286,7 +299,7 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
         &self,
         index: u8,
         group: &PollGroupHandle,
-    ) -> Result<Box<dyn TransportPollGroup>, String> {
+    ) -> Result<Box<dyn TransportPollGroup>, TransportError> {
         let load = Arc::new(AtomicUsize::new(0));
         self.shared
             .groups
@@ -501,7 +514,15 @@ mod tests {
         opts.no_srq = true;
         opts.num_cqe += 1;
         let err = refuse_unhonoured(&opts).unwrap_err();
-        assert!(err.contains("no_srq") && err.contains("num_cqe"), "{err}");
+        assert!(
+            matches!(&err, TransportError::Unsupported { trtype: "RDMA", names }
+                if names == &["no_srq", "num_cqe"]),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "the RDMA transport supports only the default value of: no_srq, num_cqe"
+        );
         // Abort never waits here, so any abort_timeout_sec holds.
         let mut opts = TransportOptions::new("RDMA");
         opts.abort_timeout_sec = 30;
