@@ -129,12 +129,13 @@ fn stale_waiters_of_a_reaped_qpair_are_not_served_to_the_next_one() {
         offset: usize::from(i) * 16 * 1024,
         len: 4096,
     };
-    // Eight pinning queues of 16 writes each: four pin the whole large pool (64 buffers, at
-    // most 16 per qpair), four the small one. A ninth queues one small and one large write,
-    // which head the buffer FIFO while both pools are empty.
+    // Eight pinning queues: four pin the whole large pool (64 buffers, at most 16 per qpair)
+    // with 16 writes each, four the small one (256, at most 64 per qpair) with 64. A ninth
+    // queues one small and one large write, which head the buffer FIFOs while both pools are
+    // empty.
     let mut pinning = Vec::new();
     for qid in 1..=9u16 {
-        let mut q = HostQueue::connect_with(&mut lab, &hostile, qid, 32, 16 * 16 * 1024, 1, |r| {
+        let mut q = HostQueue::connect_with(&mut lab, &hostile, qid, 64, 64 * 16 * 1024, 1, |r| {
             zerocopy::IntoBytes::as_bytes(r).to_vec()
         })
         .expect("pinning queue");
@@ -149,7 +150,8 @@ fn stale_waiters_of_a_reaped_qpair_are_not_served_to_the_next_one() {
             q.submit(write_cmd(1, 0, 8), small(0));
             q.submit(write_cmd(2, 0, 32), large(1));
         } else {
-            for i in 0..16u16 {
+            let count = if n < 4 { 16 } else { 64 };
+            for i in 0..count {
                 let data = if n < 4 { large(i) } else { small(i) };
                 let blocks = if n < 4 { 32 } else { 8 };
                 q.submit(write_cmd(i + 1, u64::from(i) * 32, blocks), data);
@@ -157,7 +159,11 @@ fn stale_waiters_of_a_reaped_qpair_are_not_served_to_the_next_one() {
         }
         lab.run_for(Duration::from_millis(2), Duration::from_millis(1));
     }
-    assert_eq!(lab.resources(0).buffers_out, 128, "both pools are pinned");
+    assert_eq!(
+        lab.resources(0).buffers_out,
+        64 + 256,
+        "both pools are pinned"
+    );
 
     // Queue A (connected before the pools were pinned): 100 large writes, all waiting.
     for i in 0..100u16 {
@@ -252,12 +258,12 @@ fn a_buffer_behind_a_posted_write_is_not_reused_before_the_qp_is_gone() {
     lab.turns(20);
 
     // Before the next tick closes A's qpair, B writes a marker through every buffer of the
-    // small pool (64), so a buffer given back too early now holds B's data; then A's WRITE
+    // small pool (256), so a buffer given back too early now holds B's data; then A's WRITE
     // goes out.
     let start = lab.fabric.now_ns();
     let marker = vec![0x5Au8; 4096];
     b.data.write_at(0, &marker);
-    for i in 0..80u16 {
+    for i in 0..272u16 {
         let keyed = Data::Keyed {
             offset: 0,
             len: 4096,
@@ -715,11 +721,11 @@ fn in_capsule_writes_need_no_pool_buffer_and_hold_no_receive_slot() {
     let (mut admin, cntlid) = admin_queue(&mut lab, &host);
     let (mut hostile_admin, hostile_cntlid) = admin_queue(&mut lab, &hostile);
     let mut io = io_queue(&mut lab, &host, cntlid, 32, 32 * 4096);
-    // The hostile host pins the whole small pool: 4 queues x 16 reads whose responses wait
-    // in RNR.
+    // The hostile host pins the whole small pool (256): 4 queues x 64 reads whose
+    // responses wait in RNR.
     let mut pinning = Vec::new();
     for qid in 1..=4u16 {
-        let mut q = HostQueue::connect_with(&mut lab, &hostile, qid, 32, 16 * 4096, 1, |r| {
+        let mut q = HostQueue::connect_with(&mut lab, &hostile, qid, 64, 64 * 4096, 1, |r| {
             zerocopy::IntoBytes::as_bytes(r).to_vec()
         })
         .expect("pinning queue");
@@ -729,7 +735,7 @@ fn in_capsule_writes_need_no_pool_buffer_and_hold_no_receive_slot() {
         pinning.push(q);
     }
     for q in &mut pinning {
-        for i in 0..16u16 {
+        for i in 0..64u16 {
             q.submit(
                 read_cmd(i + 1, 0, 8),
                 Data::Keyed {
@@ -740,7 +746,11 @@ fn in_capsule_writes_need_no_pool_buffer_and_hold_no_receive_slot() {
         }
     }
     lab.run_for(Duration::from_millis(5), Duration::from_millis(1));
-    assert!(lab.resources(0).buffers_out >= 64, "{:?}", lab.resources(0));
+    assert!(
+        lab.resources(0).buffers_out >= 256,
+        "{:?}",
+        lab.resources(0)
+    );
 
     // In-capsule writes go through at once.
     for i in 0..8u16 {

@@ -54,7 +54,9 @@ pub struct RdmaPollGroup<V: Verbs = RealVerbs> {
     gens: Vec<u8>,
     by_qp_num: HashMap<u32, usize>,
     by_token: HashMap<CmIdToken, usize>,
-    need_buffer: WaitQueue,
+    /// Requests waiting for a data buffer, one FIFO per class (small, large): a class that
+    /// ran out never makes the other's waiters wait, nor costs a scan.
+    need_buffer: [WaitQueue; 2],
     need_read: WaitQueue,
     need_send: WaitQueue,
     wcs: [WorkCompletion; POLL_BATCH],
@@ -82,7 +84,10 @@ impl<V: Verbs> RdmaPollGroup<V> {
             gens: Vec::new(),
             by_qp_num: HashMap::new(),
             by_token: HashMap::new(),
-            need_buffer: WaitQueue::new(State::NeedBuffer),
+            need_buffer: [
+                WaitQueue::new(State::NeedBuffer),
+                WaitQueue::new(State::NeedBuffer),
+            ],
             need_read: WaitQueue::new(State::NeedRead),
             need_send: WaitQueue::new(State::NeedSend),
             wcs: [WorkCompletion::default(); POLL_BATCH],
@@ -486,41 +491,44 @@ impl<V: Verbs> RdmaPollGroup<V> {
 
     fn wait_for_buffer(&mut self, qi: usize, si: u32) {
         let qp = self.qpairs[qi].as_mut().expect("live qpair");
-        qp.requests[si as usize].state = State::NeedBuffer;
-        self.need_buffer.push(Waiter {
+        let r = &mut qp.requests[si as usize];
+        r.state = State::NeedBuffer;
+        let ci = class_index(self.devices[qp.dev].pools.class_of(r.req.len as usize));
+        self.need_buffer[ci].push(Waiter {
             qpair: qi,
             gen: qp.gen,
             slot: si,
         });
     }
 
-    /// Gives waiting requests data buffers, oldest first, and moves them on. A request whose
-    /// qpair already holds its share of that class, or whose class's pool is empty, waits
-    /// without blocking the ones behind it.
+    /// Gives waiting requests data buffers, oldest first per class, and moves them on. A
+    /// class whose pool is empty is left at once; a request whose qpair already holds its
+    /// share of the class waits without blocking the ones behind it.
     fn serve_buffers(&mut self, core: &mut CoreCtx) -> usize {
         let mut n = 0;
+        for ci in 0..2 {
+            n += self.serve_class(ci, core);
+        }
+        n
+    }
+
+    fn serve_class(&mut self, ci: usize, core: &mut CoreCtx) -> usize {
+        let mut n = 0;
         let mut i = 0;
-        let mut exhausted = [false; 2];
-        while let Some((w, qp)) = self.need_buffer.current_at(i, &mut self.qpairs) {
+        while let Some((w, qp)) = self.need_buffer[ci].current_at(i, &mut self.qpairs) {
             let (qi, si) = (w.qpair, w.slot);
             // `current_at` checked that the slot exists.
             let r = &mut qp.requests[si as usize];
             let dev = &mut self.devices[qp.dev];
             let class = dev.pools.class_of(r.req.len as usize);
-            let ci = class_index(class);
-            if exhausted[ci] || qp.acct.held[ci] >= dev.share[ci] {
+            if qp.acct.held[ci] >= dev.share[ci] {
                 i += 1;
                 continue;
             }
             let Some(mut buf) = dev.pools.get(class) else {
-                exhausted[ci] = true;
-                if exhausted == [true; 2] {
-                    break;
-                }
-                i += 1;
-                continue;
+                break;
             };
-            self.need_buffer.remove(i);
+            self.need_buffer[ci].remove(i);
             n += 1;
             qp.acct.held[ci] += 1;
             r.buf_class = Some(ci as u8);
@@ -794,7 +802,10 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 })
                 .sum(),
             recv_slots_held: self.devices.iter().map(|d| d.recv_slots_held()).sum(),
-            waiting: self.need_buffer.len() + self.need_read.len() + self.need_send.len(),
+            waiting: self.need_buffer[0].len()
+                + self.need_buffer[1].len()
+                + self.need_read.len()
+                + self.need_send.len(),
         }
     }
 }
@@ -900,7 +911,7 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
         let mut out = serde_json::Map::new();
         out.insert(
             "pending_data_buffer".into(),
-            (self.need_buffer.len() as u64).into(),
+            ((self.need_buffer[0].len() + self.need_buffer[1].len()) as u64).into(),
         );
         out.insert("devices".into(), devices.into());
         out
