@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Instructions and verbs calls per 4 KiB I/O of the target on the simulated RDMA fabric, from
+# 1 to 4,000 connections per reactor on 1 and 2 reactors (issue 11, deliverable 6): the seed
+# experiment of the field (one thread holding 1,000 connections; throughput falling as threads
+# are added, from lock contention) run against this design. A benchmark, never part of
+# `cargo test`.
+#
+#     benches/sim-scaling.sh            # the whole matrix, ~20 min
+#
+# Writes build/sim-scaling.md (and prints it); per run, build/sim-scaling/NAME.{log,callgrind,
+# attrib.txt}. Knobs (environment): SIM_CONNS, SIM_REACTORS, SIM_OPS, SIM_SEPARATE_FROM (the
+# smallest connection count also run with separate namespaces), SIM_TAG, and the example's own
+# (SIM_QUEUES_PER_CTRL, SIM_DEPTH, SIM_QUANTUM_NS, SIM_WARMUP_ROUNDS, SIM_SHARED_BUFFERS; see
+# benches/examples/sim_ops.rs).
+#
+# Method. Each run is `sim_ops OP CONNS REACTORS IOS MODE` (set-up, two warm-up rounds, then
+# `measured_phase`: IOS commands, one outstanding on every connection at once, round after
+# round) under
+#     valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*measured_phase*'
+# so only the measured phase is counted. Then benches/callgrind_attrib.py splits it:
+#   - whole: every instruction of the measured phase (target, simulated NIC, host, driver).
+#   - target: inclusive cost of nvmf_target::core::poll_group::PollGroup::poll (all reactor
+#     turns) minus the inclusive cost of the calls it makes into the simulator
+#     (`<SimCq as VerbsCq>::poll`, `<SimQp as VerbsQp>::post_send`, `<SimSrq as
+#     VerbsSrq>::post_recv`, ...), i.e. what a reactor executes itself, the bdev (null) and the
+#     core included, the NIC's work excluded. The acceptor's turn is left out (on a real
+#     target it is its own thread); it is printed in NAME.attrib.txt.
+# Verbs calls are the target's: SimFabric::stats() deltas over the measured phase minus the
+# host's own calls, which sim_ops counts (1 post_send per command, 1 post_recv per response,
+# its CQ polls). Doorbells are post calls.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+# SIM_TAG=x writes build/sim-scaling-x/ and build/sim-scaling-x.md instead (a variant run).
+OUT=build/sim-scaling${SIM_TAG:+-$SIM_TAG}
+TABLE=$OUT.md
+CONNS=${SIM_CONNS:-"1 16 256 1000 4000"}
+REACTORS=${SIM_REACTORS:-"1 2"}
+OPS=${SIM_OPS:-"read write"}
+SEPARATE_FROM=${SIM_SEPARATE_FROM:-256}
+
+# The example is run from a private copy: other builds in the workspace may replace
+# build/release/examples/sim_ops while the matrix runs. SIM_NO_BUILD=1 reuses the copy made by
+# an earlier run (to compare variants on one build).
+BINDIR=build/sim-scaling-bin
+BIN=$BINDIR/sim_ops
+mkdir -p "$BINDIR" "$OUT"
+if [ -z "${SIM_NO_BUILD:-}" ]; then
+    cargo build --release -p nvmf-benches --example sim_ops
+    cp build/release/examples/sim_ops "$BIN.tmp"
+    mv "$BIN.tmp" "$BIN"
+    # What was measured: the commit, and the files of the target, the fabric and the lab that
+    # differed from it when the example was built.
+    {
+        git rev-parse --short HEAD 2>/dev/null || echo unknown
+        git status --short -- target common tests/src 2>/dev/null | awk '{print $2}' | tr '\n' ' '
+        echo
+    } >"$BINDIR/snapshot.txt"
+fi
+SNAPSHOT="$(sed -n 1p "$BINDIR/snapshot.txt")"
+DIRTY="$(sed -n 2p "$BINDIR/snapshot.txt")"
+export SNAPSHOT DIRTY
+RESULTS="$OUT/results.tsv"
+: >"$RESULTS"
+
+# Two rounds (every connection does two measured I/Os), at least 4,000 I/Os. The measured
+# phase then takes under 25 s under callgrind; the largest runs take 1.5-3 min in all, nearly
+# all of it connecting 8,000 queues (and 500 admin queues) through the simulator.
+ios_for() {
+    local total=$1 ios
+    ios=$((2 * total))
+    if [ "$ios" -lt 4000 ]; then ios=4000; fi
+    echo "$ios"
+}
+
+for conns in $CONNS; do
+    for reactors in $REACTORS; do
+        modes="shared"
+        if [ "$conns" -ge "$SEPARATE_FROM" ]; then modes="shared separate"; fi
+        for mode in $modes; do
+            for op in $OPS; do
+                name="$op-${conns}x$reactors-$mode"
+                ios=$(ios_for $((conns * reactors)))
+                start=$(date +%s)
+                valgrind --tool=callgrind --collect-atstart=no \
+                    '--toggle-collect=*measured_phase*' \
+                    --callgrind-out-file="$OUT/$name.callgrind" \
+                    "$BIN" "$op" "$conns" "$reactors" "$ios" "$mode" \
+                    >"$OUT/$name.log" 2>"$OUT/$name.err"
+                python3 benches/callgrind_attrib.py "$OUT/$name.callgrind" "$ios" --top 40 \
+                    >"$OUT/$name.attrib.txt"
+                attrib=$(python3 benches/callgrind_attrib.py "$OUT/$name.callgrind" "$ios" --json)
+                result=$(grep '^RESULT ' "$OUT/$name.log")
+                printf '%s\t%s\t%s\n' "$name" "$result" "$attrib" >>"$RESULTS"
+                echo "$name: $(($(date +%s) - start)) s" >&2
+            done
+        done
+    done
+done
+
+python3 - "$RESULTS" >"$TABLE" <<'EOF'
+import json, sys
+rows = []
+for line in open(sys.argv[1]):
+    name, result, attrib = line.rstrip("\n").split("\t")
+    kv = dict(p.split("=", 1) for p in result.split()[1:])
+    a = json.loads(attrib)
+    ios = int(kv["ios"])
+    per = lambda k: int(kv[k]) / ios
+    rows.append((
+        int(kv["conns"]), int(kv["reactors"]), kv["op"], kv["mode"],
+        a["target_per_io"], a["whole_per_io"],
+        per("t_post_send"), per("t_send_wrs"), per("t_post_recv"),
+        per("t_cq_polls"), per("t_empty_polls"), ios,
+    ))
+rows.sort(key=lambda r: (r[2], r[3] != "shared", r[1], r[0]))
+import os
+print("# Target cost per 4 KiB I/O on the simulated RDMA fabric\n")
+dirty = os.environ.get("DIRTY", "").strip()
+print(f"Built from {os.environ.get('SNAPSHOT', '?')}"
+      + (f" with uncommitted changes to {dirty}" if dirty else "") + ". "
+      "QD1 on every connection, all connections outstanding at once; null bdev; "
+      "instructions from callgrind over the measured phase only (target = the reactors' "
+      "`PollGroup::poll` minus the simulator calls it makes; whole = the measured phase of the "
+      "process: target, simulated NIC, host and driver); verbs calls are the target's "
+      "(doorbells = post calls). Method: benches/sim-scaling.sh.")
+knobs = sorted(f"{k}={v}" for k, v in os.environ.items()
+               if k.startswith("SIM_") and k not in ("SIM_TAG", "SIM_NO_BUILD", "SIM_CONNS", "SIM_REACTORS",
+                                                     "SIM_OPS", "SIM_SEPARATE_FROM"))
+print("Example knobs: " + (", ".join(knobs) if knobs else "defaults") + ".\n")
+print("| conns/reactor | reactors | op | namespace | target instr/I/O | whole instr/I/O "
+      "| send doorbells/I/O | send WRs/I/O | recv doorbells/I/O | CQ polls/I/O "
+      "| empty polls/I/O | I/Os |")
+print("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:,.0f} | {r[5]:,.0f} | {r[6]:.3f} "
+          f"| {r[7]:.3f} | {r[8]:.3f} | {r[9]:.3f} | {r[10]:.3f} | {r[11]} |")
+EOF
+cat "$TABLE"
