@@ -823,3 +823,41 @@ fn in_capsule_writes_need_no_pool_buffer_and_hold_no_receive_slot() {
     hostile_admin.disconnect();
     lab.assert_drained();
 }
+
+/// Issue 12: the transfer timeout is set by `nvmf_set_config` (our extension
+/// `transfer_timeout_ms`), reaches every reactor at its next tick, and cuts off a host that
+/// never takes its responses after that time instead of the 30 s default.
+#[test]
+fn the_transfer_timeout_set_by_rpc_reaches_the_reactors() {
+    use std::sync::atomic::Ordering;
+    let mut lab = SimLab::new(14);
+    lab.pgs[0]
+        .core
+        .info
+        .qpair_limits
+        .transfer_timeout_ms
+        .store(2_000, Ordering::Relaxed);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut q = HostQueue::connect_with(&mut lab, &host, 1, 8, 8 * 4096, 1, |r| {
+        zerocopy::IntoBytes::as_bytes(r).to_vec()
+    })
+    .expect("queue");
+    q.repost = false;
+    let c = q.fabric_connect(&mut lab, 1, cntlid);
+    assert!(c.status().is_success());
+    q.submit(
+        read_cmd(1, 0, 8),
+        Data::Keyed {
+            offset: 0,
+            len: 4096,
+        },
+    );
+    lab.run_for(Duration::from_millis(1_500), Duration::from_millis(50));
+    assert_eq!(lab.resources(0).qpairs, 2, "closed before the timeout");
+    lab.run_for(Duration::from_millis(1_000), Duration::from_millis(50));
+    assert_eq!(lab.resources(0).qpairs, 1, "not closed after the timeout");
+    drop(q);
+    admin.disconnect();
+    lab.assert_drained();
+}

@@ -9,7 +9,7 @@
 //! the I/O path, so one mutex for the per-host table is enough.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Default of `max_qpairs_per_host`: Linux opens one I/O queue per CPU plus the admin queue per
@@ -37,6 +37,10 @@ pub struct QpairLimits {
     pub max_total: AtomicU32,
     total: AtomicU32,
     per_host: Mutex<HashMap<String, u32>>,
+    /// `nvmf_set_config`'s `connect_timeout_ms` and `transfer_timeout_ms` (our extensions):
+    /// 0 until set, then every reactor takes them on its next timer tick.
+    pub connect_timeout_ms: AtomicU64,
+    pub transfer_timeout_ms: AtomicU64,
 }
 
 impl Default for QpairLimits {
@@ -46,6 +50,8 @@ impl Default for QpairLimits {
             max_total: AtomicU32::new(DEFAULT_MAX_QPAIRS),
             total: AtomicU32::new(0),
             per_host: Mutex::new(HashMap::new()),
+            connect_timeout_ms: AtomicU64::new(0),
+            transfer_timeout_ms: AtomicU64::new(0),
         }
     }
 }

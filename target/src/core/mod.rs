@@ -554,6 +554,17 @@ impl CoreCtx {
             return work;
         }
         self.next_tick_ms = self.now_ms + TICK_MS;
+        // Timeouts set by RPC (0: never set, keep this core's own).
+        let limits = &self.info.qpair_limits;
+        for (set, mine) in [
+            (&limits.connect_timeout_ms, &mut self.connect_timeout_ms),
+            (&limits.transfer_timeout_ms, &mut self.transfer_timeout_ms),
+        ] {
+            let v = set.load(Ordering::Relaxed);
+            if v != 0 {
+                *mine = v;
+            }
+        }
         work + self.check_keep_alive() + self.raise_reservation_notices()
     }
 

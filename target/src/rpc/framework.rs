@@ -430,6 +430,13 @@ pub struct NvmfSetConfigParams {
     /// Our extension: queue pairs connected to the whole target.
     #[serde(default)]
     pub max_qpairs: Option<u32>,
+    /// Our extension: a connection with no successful Connect this long is closed (10 s).
+    #[serde(default)]
+    pub connect_timeout_ms: Option<u64>,
+    /// Our extension: a queue whose host takes no response or transfer this long is closed
+    /// and its buffers freed (30 s, Linux's `nvme_core.io_timeout`).
+    #[serde(default)]
+    pub transfer_timeout_ms: Option<u64>,
 }
 
 pub fn nvmf_set_config(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
@@ -440,6 +447,16 @@ pub fn nvmf_set_config(c: &mut Control, params: Option<Value>) -> Result<Value, 
     ] {
         if value == Some(0) {
             return Err(einval(format!("{name} must be at least 1")));
+        }
+    }
+    for (name, value) in [
+        ("connect_timeout_ms", p.connect_timeout_ms),
+        ("transfer_timeout_ms", p.transfer_timeout_ms),
+    ] {
+        if value.is_some_and(|v| !(100..=3_600_000).contains(&v)) {
+            return Err(einval(format!(
+                "{name} must be between 100 and 3600000 (one hour)"
+            )));
         }
     }
     if let Some(filter) = p.discovery_filter.as_deref() {
@@ -487,6 +504,16 @@ pub fn nvmf_set_config(c: &mut Control, params: Option<Value>) -> Result<Value, 
         limits
             .max_total
             .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(ms) = p.connect_timeout_ms {
+        limits
+            .connect_timeout_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(ms) = p.transfer_timeout_ms {
+        limits
+            .transfer_timeout_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
     }
     debug_ignored(
         "nvmf_set_config",

@@ -754,17 +754,29 @@ pub fn config(c: &Control) -> Vec<Value> {
         .max_per_host
         .load(std::sync::atomic::Ordering::Relaxed);
     let total = limits.max_total.load(std::sync::atomic::Ordering::Relaxed);
+    let connect_ms = limits
+        .connect_timeout_ms
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let transfer_ms = limits
+        .transfer_timeout_ms
+        .load(std::sync::atomic::Ordering::Relaxed);
     if (per_host, total)
         != (
             crate::core::limits::DEFAULT_MAX_QPAIRS_PER_HOST,
             crate::core::limits::DEFAULT_MAX_QPAIRS,
         )
+        || connect_ms != 0
+        || transfer_ms != 0
     {
         // Only when changed: SPDK's own configs never carry these extensions.
-        out.push(entry(
-            "nvmf_set_config",
-            json!({"max_qpairs_per_host": per_host, "max_qpairs": total}),
-        ));
+        let mut params = json!({"max_qpairs_per_host": per_host, "max_qpairs": total});
+        if connect_ms != 0 {
+            params["connect_timeout_ms"] = connect_ms.into();
+        }
+        if transfer_ms != 0 {
+            params["transfer_timeout_ms"] = transfer_ms.into();
+        }
+        out.push(entry("nvmf_set_config", params));
     }
     for t in c.target.transports() {
         out.push(entry("nvmf_create_transport", t.options()));

@@ -1407,6 +1407,28 @@ fn framework_settings_accept_defaults_and_refuse_the_rest() {
         EINVAL,
         "max_qpairs",
     );
+    // The connect and transfer timeouts: bounded, applied, saved.
+    refused(
+        &mut c,
+        "nvmf_set_config",
+        json!({"transfer_timeout_ms": 5}),
+        EINVAL,
+        "transfer_timeout_ms",
+    );
+    ok(
+        &mut c,
+        "nvmf_set_config",
+        json!({"connect_timeout_ms": 2000, "transfer_timeout_ms": 15000}),
+    );
+    let limits = &c.target.info.qpair_limits;
+    assert_eq!(limits.connect_timeout_ms.load(Ordering::Relaxed), 2000);
+    assert_eq!(limits.transfer_timeout_ms.load(Ordering::Relaxed), 15000);
+    let entry = super::nvmf::config(&c)
+        .into_iter()
+        .find(|e| e["method"] == "nvmf_set_config")
+        .expect("saved");
+    assert_eq!(entry["params"]["transfer_timeout_ms"], 15000);
+    assert_eq!(entry["params"]["connect_timeout_ms"], 2000);
     refused(
         &mut c,
         "nvmf_set_config",
