@@ -11,6 +11,7 @@ use nvmf_common::spec::sgl::SglKind;
 use nvmf_common::spec::Status;
 use std::any::Any;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -34,6 +35,27 @@ use crate::transport::{TransportLimits, TransportPollGroup};
 
 const POLL_BATCH: usize = 32;
 
+/// Fibonacci hashing of a QP number: one multiply, good high bits for the table's control
+/// bytes.
+#[derive(Default)]
+struct QpNumHasher(u64);
+
+impl Hasher for QpNumHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 fn class_index(class: BufClass) -> usize {
     match class {
         BufClass::Small => 0,
@@ -52,7 +74,9 @@ pub struct RdmaPollGroup<V: Verbs = RealVerbs> {
     devices: Vec<DeviceResources<V>>,
     qpairs: Vec<Option<Qpair<V>>>,
     gens: Vec<u8>,
-    by_qp_num: HashMap<u32, usize>,
+    /// Receive completions name their QP by number: one lookup per command, so a
+    /// multiplicative hash, not SipHash (QP numbers come from the device, not from hosts).
+    by_qp_num: HashMap<u32, usize, BuildHasherDefault<QpNumHasher>>,
     by_token: HashMap<CmIdToken, usize>,
     /// Requests waiting for a data buffer, one FIFO per class (small, large): a class that
     /// ran out never makes the other's waiters wait, nor costs a scan.
@@ -82,7 +106,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             devices: Vec::new(),
             qpairs: Vec::new(),
             gens: Vec::new(),
-            by_qp_num: HashMap::new(),
+            by_qp_num: HashMap::default(),
             by_token: HashMap::new(),
             need_buffer: [
                 WaitQueue::new(State::NeedBuffer),
