@@ -628,6 +628,31 @@ pub fn io_queue(
     q
 }
 
+/// An I/O queue of a host that stops receiving once connected: one receive for its Connect
+/// response, none after (its responses then wait in RNR, which it asked to retry for ever).
+pub fn stalled_io_queue(
+    lab: &mut SimLab,
+    verbs: &SimVerbs,
+    cntlid: u16,
+    qid: u16,
+    depth: u16,
+    data_len: usize,
+) -> HostQueue {
+    let mut q = HostQueue::connect_with(lab, verbs, qid, depth, data_len, 1, |r| {
+        r.as_bytes().to_vec()
+    })
+    .expect("queue accepted");
+    q.repost = false;
+    let c = q.fabric_connect(lab, qid, cntlid);
+    assert!(c.status().is_success(), "I/O Connect failed: {c:?}");
+    q
+}
+
+/// `len` bytes of the queue's data buffer at `offset`, by keyed SGL.
+pub fn keyed(offset: usize, len: u32) -> Data {
+    Data::Keyed { offset, len }
+}
+
 /// Reads back `len` bytes the test wrote with [`Data::Keyed`] through the data buffer.
 pub fn data_bytes(q: &HostQueue, offset: usize, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];

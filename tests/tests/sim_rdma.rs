@@ -22,23 +22,9 @@ fn keyed_and_in_capsule_writes_read_back_over_rdma() {
     // Keyed write of 8 blocks, then a keyed read into another part of the buffer.
     let data = pattern(7, 8 * BLOCK);
     io.data.write_at(0, &data);
-    let c = io.run(
-        &mut lab,
-        write_cmd(1, 16, 8),
-        Data::Keyed {
-            offset: 0,
-            len: 4096,
-        },
-    );
+    let c = io.run(&mut lab, write_cmd(1, 16, 8), keyed(0, 4096));
     assert!(c.status().is_success(), "{c:?}");
-    let c = io.run(
-        &mut lab,
-        read_cmd(2, 16, 8),
-        Data::Keyed {
-            offset: 32 * 1024,
-            len: 4096,
-        },
-    );
+    let c = io.run(&mut lab, read_cmd(2, 16, 8), keyed(32 * 1024, 4096));
     assert!(c.status().is_success(), "{c:?}");
     assert_eq!(data_bytes(&io, 32 * 1024, 4096), data);
 
@@ -54,26 +40,12 @@ fn keyed_and_in_capsule_writes_read_back_over_rdma() {
         },
     );
     assert!(c.status().is_success(), "{c:?}");
-    let c = io.run(
-        &mut lab,
-        read_cmd(4, 100, 2),
-        Data::Keyed {
-            offset: 16384,
-            len: 1024,
-        },
-    );
+    let c = io.run(&mut lab, read_cmd(4, 100, 2), keyed(16384, 1024));
     assert!(c.status().is_success(), "{c:?}");
     assert_eq!(data_bytes(&io, 16384, 1024), small);
 
     // A read whose SGL is shorter than the data is refused, not truncated or overrun.
-    let c = io.run(
-        &mut lab,
-        read_cmd(5, 0, 8),
-        Data::Keyed {
-            offset: 0,
-            len: 512,
-        },
-    );
+    let c = io.run(&mut lab, read_cmd(5, 0, 8), keyed(0, 512));
     assert_eq!(
         c.status(),
         Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
@@ -121,27 +93,15 @@ fn stale_waiters_of_a_reaped_qpair_are_not_served_to_the_next_one() {
     let hostile = lab.fabric.add_host(host_ip(2));
     let (mut admin, cntlid) = admin_queue(&mut lab, &host);
     let (mut hostile_admin, hostile_cntlid) = admin_queue(&mut lab, &hostile);
-    let large = |i: u16| Data::Keyed {
-        offset: usize::from(i) * 16 * 1024,
-        len: 16 * 1024,
-    };
-    let small = |i: u16| Data::Keyed {
-        offset: usize::from(i) * 16 * 1024,
-        len: 4096,
-    };
+    let large = |i: u16| keyed(usize::from(i) * 16 * 1024, 16 * 1024);
+    let small = |i: u16| keyed(usize::from(i) * 16 * 1024, 4096);
     // Eight pinning queues: four pin the whole large pool (64 buffers, at most 16 per qpair)
     // with 16 writes each, four the small one (256, at most 64 per qpair) with 64. A ninth
     // queues one small and one large write, which head the buffer FIFOs while both pools are
     // empty.
     let mut pinning = Vec::new();
     for qid in 1..=9u16 {
-        let mut q = HostQueue::connect_with(&mut lab, &hostile, qid, 64, 64 * 16 * 1024, 1, |r| {
-            zerocopy::IntoBytes::as_bytes(r).to_vec()
-        })
-        .expect("pinning queue");
-        q.repost = false;
-        let c = q.fabric_connect(&mut lab, qid, hostile_cntlid);
-        assert!(c.status().is_success(), "{c:?}");
+        let q = stalled_io_queue(&mut lab, &hostile, hostile_cntlid, qid, 64, 64 * 16 * 1024);
         pinning.push(q);
     }
     let mut a = io_queue(&mut lab, &host, cntlid, 128, 100 * 16 * 1024);
@@ -201,23 +161,9 @@ fn stale_waiters_of_a_reaped_qpair_are_not_served_to_the_next_one() {
     assert!(c.status().is_success(), "{c:?}");
     let data = pattern(3, 4096);
     b.data.write_at(0, &data);
-    let c = b.run(
-        &mut lab,
-        write_cmd(1, 0, 8),
-        Data::Keyed {
-            offset: 0,
-            len: 4096,
-        },
-    );
+    let c = b.run(&mut lab, write_cmd(1, 0, 8), keyed(0, 4096));
     assert!(c.status().is_success(), "{c:?}");
-    let c = b.run(
-        &mut lab,
-        read_cmd(2, 0, 8),
-        Data::Keyed {
-            offset: 4096,
-            len: 4096,
-        },
-    );
+    let c = b.run(&mut lab, read_cmd(2, 0, 8), keyed(4096, 4096));
     assert!(c.status().is_success(), "{c:?}");
     assert_eq!(data_bytes(&b, 4096, 4096), data);
     b.disconnect();
@@ -248,13 +194,7 @@ fn a_buffer_behind_a_posted_write_is_not_reused_before_the_qp_is_gone() {
     lab.fabric.hold_writes(a.target_qp_num);
     lab.fabric
         .fail_post_send(a.target_qp_num, 0, 1, 12 /* ENOMEM */);
-    a.submit(
-        read_cmd(1, 0, 8),
-        Data::Keyed {
-            offset: 0,
-            len: 4096,
-        },
-    );
+    a.submit(read_cmd(1, 0, 8), keyed(0, 4096));
     lab.turns(20);
 
     // Before the next tick closes A's qpair, B writes a marker through every buffer of the
@@ -264,10 +204,7 @@ fn a_buffer_behind_a_posted_write_is_not_reused_before_the_qp_is_gone() {
     let marker = vec![0x5Au8; 4096];
     b.data.write_at(0, &marker);
     for i in 0..272u16 {
-        let keyed = Data::Keyed {
-            offset: 0,
-            len: 4096,
-        };
+        let keyed = keyed(0, 4096);
         let c = b.run(&mut lab, write_cmd(i + 1, 1000, 8), keyed);
         assert!(c.status().is_success(), "{c:?}");
     }
@@ -301,20 +238,11 @@ fn a_host_that_never_takes_its_responses_is_cut_off_and_others_go_on() {
     let good = lab.fabric.add_host(host_ip(2));
     let (mut admin_bad, cntlid_bad) = admin_queue(&mut lab, &bad);
     let (mut admin_good, cntlid_good) = admin_queue(&mut lab, &good);
-    let mut hostile = HostQueue::connect_with(&mut lab, &bad, 1, 64, 64 * 16 * 1024, 1, |r| {
-        zerocopy::IntoBytes::as_bytes(r).to_vec()
-    })
-    .expect("hostile queue");
-    hostile.repost = false;
-    let c = hostile.fabric_connect(&mut lab, 1, cntlid_bad);
-    assert!(c.status().is_success());
+    let mut hostile = stalled_io_queue(&mut lab, &bad, cntlid_bad, 1, 64, 64 * 16 * 1024);
     for i in 0..63u16 {
         hostile.submit(
             read_cmd(i + 1, 0, 32),
-            Data::Keyed {
-                offset: usize::from(i) * 16 * 1024,
-                len: 16 * 1024,
-            },
+            keyed(usize::from(i) * 16 * 1024, 16 * 1024),
         );
     }
     lab.run_for(Duration::from_millis(50), Duration::from_millis(1));
@@ -322,14 +250,7 @@ fn a_host_that_never_takes_its_responses_is_cut_off_and_others_go_on() {
 
     let mut io = io_queue(&mut lab, &good, cntlid_good, 16, 64 * 1024);
     for i in 0..20u16 {
-        let c = io.run(
-            &mut lab,
-            read_cmd(i + 1, 8, 8),
-            Data::Keyed {
-                offset: 0,
-                len: 4096,
-            },
-        );
+        let c = io.run(&mut lab, read_cmd(i + 1, 8, 8), keyed(0, 4096));
         assert!(c.status().is_success(), "the good host starved: {c:?}");
     }
     // 35 s of virtual time, both hosts keeping their controllers alive: the transfer timeout
@@ -343,14 +264,7 @@ fn a_host_that_never_takes_its_responses_is_cut_off_and_others_go_on() {
     }
     let r = lab.resources(0);
     assert_eq!(r.qpairs, 3, "hostile queue still open: {r:?}");
-    let c = io.run(
-        &mut lab,
-        read_cmd(99, 8, 8),
-        Data::Keyed {
-            offset: 0,
-            len: 4096,
-        },
-    );
+    let c = io.run(&mut lab, read_cmd(99, 8, 8), keyed(0, 4096));
     assert!(c.status().is_success());
     drop(hostile);
     io.disconnect();
@@ -381,10 +295,7 @@ fn a_disconnect_in_every_request_state_leaks_nothing() {
                     len: 512,
                 }
             } else {
-                Data::Keyed {
-                    offset: off,
-                    len: 16 * 1024,
-                }
+                keyed(off, 16 * 1024)
             };
             io.submit(cmd, data);
         }
@@ -531,14 +442,7 @@ fn a_fatal_qp_event_closes_that_qpair_only() {
     lab.until(20_000, |lab| lab.resources(0).qpairs == 3);
     let ev = next_event(&mut lab, &a.channel);
     assert_eq!(ev.kind, nvmf_common::rdma::CmEventKind::Disconnected);
-    let c = b.run(
-        &mut lab,
-        read_cmd(1, 0, 8),
-        Data::Keyed {
-            offset: 0,
-            len: 4096,
-        },
-    );
+    let c = b.run(&mut lab, read_cmd(1, 0, 8), keyed(0, 4096));
     assert!(c.status().is_success(), "{c:?}");
     a.disconnect();
     b.disconnect();
@@ -569,23 +473,9 @@ fn a_fatal_device_event_closes_everything_and_the_device_is_rebuilt() {
     let mut io = io_queue(&mut lab, &host, cntlid, 8, 8192);
     let data = pattern(11, 4096);
     io.data.write_at(0, &data);
-    let c = io.run(
-        &mut lab,
-        write_cmd(1, 40, 8),
-        Data::Keyed {
-            offset: 0,
-            len: 4096,
-        },
-    );
+    let c = io.run(&mut lab, write_cmd(1, 40, 8), keyed(0, 4096));
     assert!(c.status().is_success(), "{c:?}");
-    let c = io.run(
-        &mut lab,
-        read_cmd(2, 40, 8),
-        Data::Keyed {
-            offset: 4096,
-            len: 4096,
-        },
-    );
+    let c = io.run(&mut lab, read_cmd(2, 40, 8), keyed(4096, 4096));
     assert!(c.status().is_success(), "{c:?}");
     assert_eq!(data_bytes(&io, 4096, 4096), data);
     io.disconnect();
@@ -649,10 +539,7 @@ fn responses_of_a_turn_share_a_doorbell_and_the_counters_say_so() {
             let cid = round * 16 + i + 1;
             io.submit(
                 read_cmd(cid, u64::from(i) * 8, 8),
-                Data::Keyed {
-                    offset: usize::from(i) * 4096,
-                    len: 4096,
-                },
+                keyed(usize::from(i) * 4096, 4096),
             );
         }
         let mut got = 0;
@@ -696,10 +583,7 @@ fn a_batched_chain_that_fails_half_way_leaks_nothing() {
     for i in 0..8u16 {
         io.submit(
             read_cmd(i + 1, u64::from(i) * 8, 8),
-            Data::Keyed {
-                offset: usize::from(i) * 4096,
-                len: 4096,
-            },
+            keyed(usize::from(i) * 4096, 4096),
         );
     }
     lab.run_for(Duration::from_millis(100), Duration::from_millis(1));
@@ -725,24 +609,12 @@ fn in_capsule_writes_need_no_pool_buffer_and_hold_no_receive_slot() {
     // responses wait in RNR.
     let mut pinning = Vec::new();
     for qid in 1..=4u16 {
-        let mut q = HostQueue::connect_with(&mut lab, &hostile, qid, 64, 64 * 4096, 1, |r| {
-            zerocopy::IntoBytes::as_bytes(r).to_vec()
-        })
-        .expect("pinning queue");
-        q.repost = false;
-        let c = q.fabric_connect(&mut lab, qid, hostile_cntlid);
-        assert!(c.status().is_success());
+        let q = stalled_io_queue(&mut lab, &hostile, hostile_cntlid, qid, 64, 64 * 4096);
         pinning.push(q);
     }
     for q in &mut pinning {
         for i in 0..64u16 {
-            q.submit(
-                read_cmd(i + 1, 0, 8),
-                Data::Keyed {
-                    offset: usize::from(i) * 4096,
-                    len: 4096,
-                },
-            );
+            q.submit(read_cmd(i + 1, 0, 8), keyed(usize::from(i) * 4096, 4096));
         }
     }
     lab.run_for(Duration::from_millis(5), Duration::from_millis(1));
@@ -782,10 +654,7 @@ fn in_capsule_writes_need_no_pool_buffer_and_hold_no_receive_slot() {
         let c = io.run(
             &mut lab,
             read_cmd(100 + i, 200 + u64::from(i) * 8, 8),
-            Data::Keyed {
-                offset: 16 * 4096,
-                len: 4096,
-            },
+            keyed(16 * 4096, 4096),
         );
         assert!(c.status().is_success());
         assert_eq!(data_bytes(&io, 16 * 4096, 4096), pattern(i as u8, 4096));
@@ -805,14 +674,7 @@ fn in_capsule_writes_need_no_pool_buffer_and_hold_no_receive_slot() {
     io.send_raw(0, capsule.len());
     let c = io.wait(&mut lab, 200);
     assert!(c.status().is_success(), "{c:?}");
-    let c = io.run(
-        &mut lab,
-        read_cmd(201, 400, 1),
-        Data::Keyed {
-            offset: 0,
-            len: 512,
-        },
-    );
+    let c = io.run(&mut lab, read_cmd(201, 400, 1), keyed(0, 512));
     assert!(c.status().is_success());
     assert_eq!(data_bytes(&io, 0, 512), data);
     for q in &mut pinning {
@@ -839,20 +701,8 @@ fn the_transfer_timeout_set_by_rpc_reaches_the_reactors() {
         .store(2_000, Ordering::Relaxed);
     let host = lab.fabric.add_host(host_ip(1));
     let (mut admin, cntlid) = admin_queue(&mut lab, &host);
-    let mut q = HostQueue::connect_with(&mut lab, &host, 1, 8, 8 * 4096, 1, |r| {
-        zerocopy::IntoBytes::as_bytes(r).to_vec()
-    })
-    .expect("queue");
-    q.repost = false;
-    let c = q.fabric_connect(&mut lab, 1, cntlid);
-    assert!(c.status().is_success());
-    q.submit(
-        read_cmd(1, 0, 8),
-        Data::Keyed {
-            offset: 0,
-            len: 4096,
-        },
-    );
+    let mut q = stalled_io_queue(&mut lab, &host, cntlid, 1, 8, 8 * 4096);
+    q.submit(read_cmd(1, 0, 8), keyed(0, 4096));
     lab.run_for(Duration::from_millis(1_500), Duration::from_millis(50));
     assert_eq!(lab.resources(0).qpairs, 2, "closed before the timeout");
     lab.run_for(Duration::from_millis(1_000), Duration::from_millis(50));
