@@ -697,13 +697,7 @@ impl FabricState {
     fn enter_timewait(&mut self, id: ObjId) {
         self.clear_timer(id);
         self.cm_mut(id).st = CmSt::TimeWait;
-        self.push_cm_event(
-            id,
-            CmEventKind::Disconnected,
-            0,
-            Vec::new(),
-            Default::default(),
-        );
+        self.push_plain_event(id, CmEventKind::Disconnected, 0);
         let t = self.now.saturating_add(self.cfg.timewait_ns);
         self.schedule(t, Event::Cm(CmMsg::TimewaitDone(id)));
     }
@@ -713,38 +707,20 @@ impl FabricState {
             CmMsg::AddrResolved(id) => {
                 if self.alive(id).is_some_and(|s| s.st == CmSt::AddrQuery) {
                     self.cm_mut(id).st = CmSt::AddrResolved;
-                    self.push_cm_event(
-                        id,
-                        CmEventKind::AddrResolved,
-                        0,
-                        Vec::new(),
-                        Default::default(),
-                    );
+                    self.push_plain_event(id, CmEventKind::AddrResolved, 0);
                 }
             }
             CmMsg::AddrError(id) => {
                 if self.alive(id).is_some_and(|s| s.st == CmSt::AddrQuery) {
                     self.cm_mut(id).st = CmSt::Idle;
                     let status = -libc::EHOSTUNREACH;
-                    self.push_cm_event(
-                        id,
-                        CmEventKind::AddrError,
-                        status,
-                        Vec::new(),
-                        Default::default(),
-                    );
+                    self.push_plain_event(id, CmEventKind::AddrError, status);
                 }
             }
             CmMsg::RouteResolved(id) => {
                 if self.alive(id).is_some_and(|s| s.st == CmSt::RouteQuery) {
                     self.cm_mut(id).st = CmSt::RouteResolved;
-                    self.push_cm_event(
-                        id,
-                        CmEventKind::RouteResolved,
-                        0,
-                        Vec::new(),
-                        Default::default(),
-                    );
+                    self.push_plain_event(id, CmEventKind::RouteResolved, 0);
                 }
             }
             CmMsg::Req {
@@ -764,13 +740,7 @@ impl FabricState {
                 if self.alive(to).is_some_and(|s| s.st == CmSt::Accepted) {
                     self.clear_timer(to);
                     self.cm_mut(to).st = CmSt::Connected;
-                    self.push_cm_event(
-                        to,
-                        CmEventKind::Established,
-                        0,
-                        Vec::new(),
-                        Default::default(),
-                    );
+                    self.push_plain_event(to, CmEventKind::Established, 0);
                 }
             }
             CmMsg::Rej { to, status, data } => {
@@ -799,13 +769,7 @@ impl FabricState {
                             self.qp_to_error(qp, None);
                         }
                         self.cm_mut(to).st = CmSt::DreqRcvd;
-                        self.push_cm_event(
-                            to,
-                            CmEventKind::Disconnected,
-                            0,
-                            Vec::new(),
-                            Default::default(),
-                        );
+                        self.push_plain_event(to, CmEventKind::Disconnected, 0);
                     }
                     // Both sides disconnected at once: each DREQ answers the other.
                     CmSt::DreqSent => self.enter_timewait(to),
@@ -822,13 +786,7 @@ impl FabricState {
                     self.cm_mut(id).timer = None;
                     self.cm_mut(id).st = CmSt::Closed;
                     let status = -libc::ETIMEDOUT;
-                    self.push_cm_event(
-                        id,
-                        CmEventKind::Unreachable,
-                        status,
-                        Vec::new(),
-                        Default::default(),
-                    );
+                    self.push_plain_event(id, CmEventKind::Unreachable, status);
                 }
             }
             CmMsg::EstablishTimeout(id) => {
@@ -840,25 +798,13 @@ impl FabricState {
                     self.cm_mut(id).timer = None;
                     self.cm_mut(id).st = CmSt::Closed;
                     let status = -libc::ETIMEDOUT;
-                    self.push_cm_event(
-                        id,
-                        CmEventKind::ConnectError,
-                        status,
-                        Vec::new(),
-                        Default::default(),
-                    );
+                    self.push_plain_event(id, CmEventKind::ConnectError, status);
                 }
             }
             CmMsg::TimewaitDone(id) => {
                 if self.alive(id).is_some_and(|s| s.st == CmSt::TimeWait) {
                     self.cm_mut(id).st = CmSt::Closed;
-                    self.push_cm_event(
-                        id,
-                        CmEventKind::TimewaitExit,
-                        0,
-                        Vec::new(),
-                        Default::default(),
-                    );
+                    self.push_plain_event(id, CmEventKind::TimewaitExit, 0);
                 }
             }
         }

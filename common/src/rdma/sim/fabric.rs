@@ -626,6 +626,11 @@ impl FabricState {
 
     // ---- channels ----
 
+    /// A CM event that carries no private data and no connection parameters.
+    pub fn push_plain_event(&mut self, id: ObjId, kind: CmEventKind, status: i32) {
+        self.push_cm_event(id, kind, status, Vec::new(), ConnEventParams::default());
+    }
+
     pub fn push_cm_event(
         &mut self,
         id: ObjId,
