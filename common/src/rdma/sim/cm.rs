@@ -410,15 +410,7 @@ impl FabricState {
         q.rnr_retry = p.rnr_retry_count & 7;
         q.retry_count = p.retry_count & 7;
         // The passive side's view: our initiator depth is its responder resources.
-        let conn = ConnEventParams {
-            responder_resources: init,
-            initiator_depth: resp,
-            flow_control: p.flow_control,
-            retry_count: p.retry_count,
-            rnr_retry_count: p.rnr_retry_count,
-            srq: q.srq.is_some(),
-            qp_num: q.num,
-        };
+        let conn = peer_view(p, init, resp, q.srq.is_some(), q.num);
         self.cm_mut(id).st = CmSt::Connecting;
         self.trace(|| format!("cm id={id} connect {src} -> {dst}"));
         let msg = CmMsg::Req {
@@ -541,15 +533,7 @@ impl FabricState {
         };
         q.state = QpSt::Rts;
         q.peer = active_qp;
-        let conn = ConnEventParams {
-            responder_resources: init,
-            initiator_depth: resp,
-            flow_control: p.flow_control,
-            retry_count: p.retry_count,
-            rnr_retry_count: p.rnr_retry_count,
-            srq: q.srq.is_some(),
-            qp_num: q.num,
-        };
+        let conn = peer_view(p, init, resp, q.srq.is_some(), q.num);
         self.cm_mut(id).st = CmSt::Accepted;
         self.trace(|| format!("cm id={id} accept"));
         if let Some(to) = peer_id {
@@ -859,5 +843,20 @@ impl FabricState {
                 data: Vec::new(),
             }),
         );
+    }
+}
+
+/// What the other side sees of `p` in its CM event: `init` and `resp` are this side's
+/// initiator depth and responder resources, already bounded by the device, swapped into the
+/// peer's point of view.
+fn peer_view(p: &ConnParams<'_>, init: u8, resp: u8, srq: bool, qp_num: u32) -> ConnEventParams {
+    ConnEventParams {
+        responder_resources: init,
+        initiator_depth: resp,
+        flow_control: p.flow_control,
+        retry_count: p.retry_count,
+        rnr_retry_count: p.rnr_retry_count,
+        srq,
+        qp_num,
     }
 }
