@@ -250,10 +250,13 @@ impl Driver {
             _ => len,
         };
         let data = match c.below(6) {
-            0 if len <= 8192 => Data::InCapsule {
-                offset,
-                len: sgl_len.min(8192),
-            },
+            0 if len <= 8192 => {
+                let len = sgl_len.min(8192);
+                Data::InCapsule {
+                    offset: offset.min(DATA_LEN - len as usize),
+                    len,
+                }
+            }
             1 => Data::RawKeyed {
                 addr: c.below(1 << 20) as u64,
                 len: sgl_len,
