@@ -246,7 +246,12 @@ fn a_host_that_never_takes_its_responses_is_cut_off_and_others_go_on() {
         );
     }
     lab.run_for(Duration::from_millis(50), Duration::from_millis(1));
-    assert!(lab.resources(0).buffers_out > 0);
+    let r = lab.resources(0);
+    assert!(r.buffers_out > 0);
+    // Past its share of buffers, the hostile queue's requests are parked on it: no turn
+    // looks at them again until it gives a buffer back, which it never does.
+    assert!(r.parked > 0, "{r:?}");
+    assert_eq!(r.waiting, 0, "over-share requests left in the FIFO: {r:?}");
 
     let mut io = io_queue(&mut lab, &good, cntlid_good, 16, 64 * 1024);
     for i in 0..20u16 {
@@ -270,6 +275,44 @@ fn a_host_that_never_takes_its_responses_is_cut_off_and_others_go_on() {
     io.disconnect();
     admin_bad.disconnect();
     admin_good.disconnect();
+    lab.assert_drained();
+}
+
+/// A slow host, not a hostile one: its requests past its buffer share are parked while it
+/// does not receive, and every one of them completes, in order of arrival per class, once it
+/// takes responses again.
+#[test]
+fn parked_requests_of_a_slow_host_all_complete_when_it_receives_again() {
+    let mut lab = SimLab::new(6);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut slow = stalled_io_queue(&mut lab, &host, cntlid, 1, 64, 64 * 16 * 1024);
+    for i in 0..63u16 {
+        slow.submit(
+            read_cmd(i + 1, 0, 32),
+            keyed(usize::from(i) * 16 * 1024, 16 * 1024),
+        );
+    }
+    lab.run_for(Duration::from_millis(20), Duration::from_millis(1));
+    let parked = lab.resources(0).parked;
+    assert!(parked > 0, "nothing parked: {:?}", lab.resources(0));
+    slow.repost = true;
+    for slot in 0..64 {
+        slow.post_recv(slot);
+    }
+    let mut done = std::collections::BTreeSet::new();
+    lab.until(50_000, |_| {
+        for c in slow.poll() {
+            assert!(c.status().is_success(), "{c:?}");
+            done.insert(c.cid.get());
+        }
+        done.len() == 63
+    });
+    assert_eq!(done.len(), 63, "parked requests never served");
+    let r = lab.resources(0);
+    assert_eq!((r.parked, r.waiting), (0, 0), "{r:?}");
+    slow.disconnect();
+    admin.disconnect();
     lab.assert_drained();
 }
 

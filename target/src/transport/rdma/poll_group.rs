@@ -10,7 +10,7 @@ use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmRejectStatus};
 use nvmf_common::spec::sgl::SglKind;
 use nvmf_common::spec::Status;
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -390,6 +390,8 @@ impl<V: Verbs> RdmaPollGroup<V> {
                         self.devices[d].stats.request_latency += latency;
                         qp.sq_used = qp.sq_used.saturating_sub(wrs_of(r));
                         release(&mut qp.acct, r);
+                        let share = &self.devices[d].share;
+                        qp.acct.unpark(share, qi, qp.gen, &mut self.need_buffer);
                     }
                 }
             }
@@ -527,7 +529,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
 
     /// Gives waiting requests data buffers, oldest first per class, and moves them on. A
     /// class whose pool is empty is left at once; a request whose qpair already holds its
-    /// share of the class waits without blocking the ones behind it.
+    /// share of the class is parked on its qpair (not rescanned) and blocks nobody behind it.
     fn serve_buffers(&mut self, core: &mut CoreCtx) -> usize {
         let mut n = 0;
         for ci in 0..2 {
@@ -538,21 +540,22 @@ impl<V: Verbs> RdmaPollGroup<V> {
 
     fn serve_class(&mut self, ci: usize, core: &mut CoreCtx) -> usize {
         let mut n = 0;
-        let mut i = 0;
-        while let Some((w, qp)) = self.need_buffer[ci].current_at(i, &mut self.qpairs) {
+        while let Some((w, qp)) = self.need_buffer[ci].current_at(0, &mut self.qpairs) {
             let (qi, si) = (w.qpair, w.slot);
             // `current_at` checked that the slot exists.
             let r = &mut qp.requests[si as usize];
             let dev = &mut self.devices[qp.dev];
             let class = dev.pools.class_of(r.req.len as usize);
             if qp.acct.held[ci] >= dev.share[ci] {
-                i += 1;
+                // Over its share: parked on its qpair until it gives a buffer back.
+                self.need_buffer[ci].remove(0);
+                qp.acct.parked[ci].push_back(si);
                 continue;
             }
             let Some(mut buf) = dev.pools.get(class) else {
                 break;
             };
-            self.need_buffer[ci].remove(i);
+            self.need_buffer[ci].remove(0);
             n += 1;
             qp.acct.held[ci] += 1;
             r.buf_class = Some(ci as u8);
@@ -719,8 +722,10 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 release(&mut qp.acct, r);
             }
         }
-        // Batched responses were released above; none is posted any more.
+        // Batched responses were released above; none is posted any more. Parked requests
+        // were `NeedBuffer`: released too.
         qp.batch.clear();
+        qp.acct.parked.iter_mut().for_each(VecDeque::clear);
         let marker = SendWr::send(wr_id(WrKind::Send, qp.gen, qi, DRAIN_SLOT), &[]);
         if qp.qp.post_send(&[marker]).is_ok() {
             qp.sq_used += 1;
@@ -804,11 +809,14 @@ pub struct PollGroupResources {
     pub recv_slots_held: u32,
     /// Entries in the three wait queues (stale ones included until they are dropped).
     pub waiting: usize,
+    /// Requests parked on their qpair, which holds its whole share of their buffer class.
+    pub parked: usize,
 }
 
 impl<V: Verbs> RdmaPollGroup<V> {
     pub fn resources(&self) -> PollGroupResources {
         let live = self.qpairs.iter().flatten();
+        let live_parked = live.clone().map(|q| q.acct.parked()).sum();
         PollGroupResources {
             qpairs: live.clone().count(),
             requests_in_use: live
@@ -826,6 +834,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 })
                 .sum(),
             recv_slots_held: self.devices.iter().map(|d| d.recv_slots_held()).sum(),
+            parked: live_parked,
             waiting: self.need_buffer[0].len()
                 + self.need_buffer[1].len()
                 + self.need_read.len()
@@ -935,7 +944,14 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
         let mut out = serde_json::Map::new();
         out.insert(
             "pending_data_buffer".into(),
-            ((self.need_buffer[0].len() + self.need_buffer[1].len()) as u64).into(),
+            ((self.need_buffer[0].len() + self.need_buffer[1].len()) as u64
+                + self
+                    .qpairs
+                    .iter()
+                    .flatten()
+                    .map(|q| q.acct.parked() as u64)
+                    .sum::<u64>())
+            .into(),
         );
         out.insert("devices".into(), devices.into());
         out

@@ -1,11 +1,13 @@
 //! One RDMA connection on a reactor: its QP, its request slots and response buffers, and the
 //! send queue accounting; plus how a poll group hands out qpair indexes.
 
+use std::collections::VecDeque;
+
 use nvmf_common::rdma::{CmIdToken, DmaBuf, RdmaError, SendWr, Sge, Verbs, VerbsQp, MAX_CHAIN};
 use zerocopy::IntoBytes;
 
 use super::request::{wr_id, HostData, RdmaRequest, State, WrKind, MAX_QPAIRS};
-use super::wait_queue::RequestSlots;
+use super::wait_queue::{RequestSlots, WaitQueue, Waiter};
 use crate::core::queue::QueueState;
 use crate::core::request::DataDirection;
 
@@ -101,14 +103,45 @@ pub(super) struct SlotAccounts {
     /// Free request slots, most recently freed last (reused first: its cache lines are warm).
     /// Capacity for every slot, so pushing never allocates.
     pub free: Vec<u32>,
+    /// Requests waiting for a data buffer of a class (small, large) while this qpair holds
+    /// its whole share of it, oldest first. They wait here, not in the poll group's FIFO,
+    /// so a turn never looks at them; each buffer of the class this qpair gives back moves
+    /// one to the front of the FIFO ([`SlotAccounts::unpark`]). Capacity for every slot.
+    pub parked: [VecDeque<u32>; 2],
 }
 
 impl SlotAccounts {
     pub fn new(slots: u32) -> Self {
+        let parked = || VecDeque::with_capacity(slots as usize);
         Self {
             held: [0; 3],
             free: (0..slots).rev().collect(),
+            parked: [parked(), parked()],
         }
+    }
+
+    /// Moves parked requests the qpair now has room for (below `share` per class) to the
+    /// front of their class's FIFO, oldest first.
+    pub fn unpark(
+        &mut self,
+        share: &[u32; 3],
+        qpair: usize,
+        gen: u8,
+        need_buffer: &mut [WaitQueue; 2],
+    ) {
+        for ci in 0..2 {
+            let room = share[ci].saturating_sub(self.held[ci]) as usize;
+            let n = room.min(self.parked[ci].len());
+            // Pushed to the front youngest first, so the oldest ends up first.
+            for slot in self.parked[ci].drain(..n).rev() {
+                need_buffer[ci].push_front(Waiter { qpair, gen, slot });
+            }
+        }
+    }
+
+    /// Parked requests of both classes.
+    pub fn parked(&self) -> usize {
+        self.parked[0].len() + self.parked[1].len()
     }
 }
 

@@ -61,6 +61,11 @@ impl WaitQueue {
         self.entries.push_back(w);
     }
 
+    /// Queues `w` ahead of every other entry (a request that waited elsewhere first).
+    pub fn push_front(&mut self, w: Waiter) {
+        self.entries.push_front(w);
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
