@@ -215,6 +215,32 @@ fn cli_builds_a_target_reports_errors_and_round_trips_its_config() {
         .status
         .success());
 
+    // Our timeouts by flag: out of range refused with the reason, in range saved.
+    let out = rpc(&sock, &["nvmf_set_config", "--transfer-timeout-ms", "5"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("transfer_timeout_ms must be between"));
+    rpc_ok(
+        &sock,
+        &[
+            "nvmf_set_config",
+            "--connect-timeout-ms",
+            "2500",
+            "--transfer-timeout-ms",
+            "7000",
+        ],
+    );
+    let saved_nvmf = rpc_json(&sock, &["save_config"]);
+    let set_config = saved_nvmf["subsystems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["config"].as_array().unwrap())
+        .find(|c| c["method"] == "nvmf_set_config")
+        .expect("nvmf_set_config saved")
+        .clone();
+    assert_eq!(set_config["params"]["connect_timeout_ms"], 2500);
+    assert_eq!(set_config["params"]["transfer_timeout_ms"], 7000);
+
     // save_config -> fresh target -> load_config -> same config.
     let saved = temp("config.json");
     rpc_ok(&sock, &["save_config", "-o", saved.to_str().unwrap()]);

@@ -21,7 +21,7 @@ use nvmf_common::spec::sgl::SglDescriptor;
 use nvmf_common::spec::Completion;
 use nvmf_target::bdev::{BdevRef, MallocBdev};
 use nvmf_target::core::subsystem::ListenAddress;
-use nvmf_target::core::{PollGroup, TargetInfo};
+use nvmf_target::core::{Housekeeping, PollGroup, TargetInfo};
 use nvmf_target::target::{NamespaceOptions, SubsystemOptions, Target};
 use nvmf_target::transport::options::TransportOptions;
 use nvmf_target::transport::rdma::{
@@ -243,6 +243,11 @@ impl SimLab {
                     .resources()
             })
             .expect("transport 0")
+    }
+
+    /// What reactor `i`'s housekeeping ticks have looked at so far.
+    pub fn housekeeping(&self, i: usize) -> Housekeeping {
+        self.pgs[i].core.housekeeping
     }
 
     pub fn total_resources(&mut self) -> PollGroupResources {
@@ -619,11 +624,24 @@ pub fn io_queue(
     depth: u16,
     data_len: usize,
 ) -> HostQueue {
-    let mut q = HostQueue::connect_with(lab, verbs, 1, depth, data_len, usize::from(depth), |r| {
+    io_queue_qid(lab, verbs, cntlid, 1, depth, data_len)
+}
+
+/// [`io_queue`] with queue id `qid`.
+pub fn io_queue_qid(
+    lab: &mut SimLab,
+    verbs: &SimVerbs,
+    cntlid: u16,
+    qid: u16,
+    depth: u16,
+    data_len: usize,
+) -> HostQueue {
+    let recvs = usize::from(depth);
+    let mut q = HostQueue::connect_with(lab, verbs, qid, depth, data_len, recvs, |r| {
         r.as_bytes().to_vec()
     })
     .expect("I/O queue accepted");
-    let c = q.fabric_connect(lab, 1, cntlid);
+    let c = q.fabric_connect(lab, qid, cntlid);
     assert!(c.status().is_success(), "I/O Connect failed: {c:?}");
     q
 }

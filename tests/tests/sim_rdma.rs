@@ -754,3 +754,62 @@ fn the_transfer_timeout_set_by_rpc_reaches_the_reactors() {
     admin.disconnect();
     lab.assert_drained();
 }
+
+/// Idle connections cost a reactor's housekeeping tick nothing: 32 connected I/O queues that
+/// carry no I/O are not looked at, tick after tick; a controller's keep-alive timer comes up
+/// once per KATO, not once per tick. And the tick still does its work: the controller whose
+/// host goes silent fails at its deadline and every one of its queues is closed and freed.
+#[test]
+fn idle_connections_cost_the_housekeeping_tick_nothing() {
+    let mut lab = SimLab::new(8);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut queues: Vec<HostQueue> = (1..=32)
+        .map(|qid| io_queue_qid(&mut lab, &host, cntlid, qid, 16, 8192))
+        .collect();
+    for q in &mut queues {
+        let c = q.run(&mut lab, read_cmd(1, 0, 8), keyed(0, 4096));
+        assert!(c.status().is_success(), "{c:?}");
+    }
+    // The ticks after the I/O find the queues idle and drop them from the watch list.
+    lab.run_for(Duration::from_millis(50), Duration::from_millis(1));
+    let before = lab.housekeeping(0);
+    // Two seconds: two hundred ticks, over 33 idle qpairs and one controller (KATO 30 s).
+    lab.run_for(Duration::from_secs(2), Duration::from_millis(1));
+    let idle = lab.housekeeping(0);
+    assert_eq!(
+        idle.qpairs_checked, before.qpairs_checked,
+        "idle qpairs looked at: {before:?} -> {idle:?}"
+    );
+    assert_eq!(idle.controllers_checked, before.controllers_checked);
+    assert_eq!(lab.resources(0).qpairs, 33);
+
+    // Keep-alives every 10 s for 60 s: the controller lives, and its timer came up about
+    // once per KATO (30 s), not on each of the 6,000 ticks.
+    for n in 0..6u16 {
+        lab.run_for(Duration::from_secs(10), Duration::from_millis(10));
+        let c = admin.run(&mut lab, Command::keep_alive(100 + n), Data::None);
+        assert!(c.status().is_success(), "{c:?}");
+    }
+    let alive = lab.housekeeping(0);
+    let timer_checks = alive.controllers_checked - idle.controllers_checked;
+    assert!((1..=3).contains(&timer_checks), "{idle:?} -> {alive:?}");
+    // Only the admin queue (its keep-alive responses) was looked at, once per command.
+    assert!(
+        alive.qpairs_checked - idle.qpairs_checked <= 6,
+        "{idle:?} -> {alive:?}"
+    );
+    assert_eq!(lab.resources(0).qpairs, 33);
+
+    // Silence: the deadline passes, the controller fails, and every one of its queues goes.
+    let failure_walks = alive.failure_walks;
+    lab.until(20_000, |lab| {
+        lab.fabric.advance(Duration::from_millis(10));
+        lab.turn();
+        lab.resources(0).qpairs == 0
+    });
+    assert!(lab.housekeeping(0).failure_walks > failure_walks);
+    drop(queues);
+    admin.disconnect();
+    lab.assert_drained();
+}

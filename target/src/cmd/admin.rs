@@ -557,6 +557,7 @@ fn set_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
             // Same rule as at Connect; 0 turns keep-alive off, as a 0 KATO at Connect does.
             ctrl.set_kato_ms(q.limits.grant_kato(sf.cdw11));
             ctrl.keep_alive(core.now_ms());
+            core.arm_keep_alive((ctrl.subsystem_id, ctrl.cntlid));
             0
         }
         FeatureId::ASYNC_EVENT_CONFIGURATION => {

@@ -171,6 +171,7 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
             (config.id, ctrl.cntlid),
             ControllerLocal::new(Arc::clone(&ctrl)),
         );
+        core.arm_keep_alive((config.id, ctrl.cntlid));
         tracing::info!(cntlid = ctrl.cntlid, subnqn = %config.nqn, hostnqn = data.hostnqn(),
             kato_ms = kato, peer = %q.peer, "controller created");
         q.qid = 0;

@@ -99,6 +99,7 @@ impl ControllerShared {
             .post(nsid, kind);
         if posted {
             self.resv_event.store(true, Ordering::Release);
+            NOTICES.fetch_add(1, Ordering::Release);
         }
     }
 
@@ -138,6 +139,7 @@ impl ControllerShared {
         let csts = self.csts();
         self.set_csts(csts.with_cfs(true));
         self.failed.store(true, Ordering::Release);
+        FAILURES.fetch_add(1, Ordering::Release);
     }
 
     pub fn write_cache_enabled(&self) -> bool {
@@ -162,9 +164,16 @@ impl ControllerShared {
 
     /// True once the host has been silent for longer than KATO (never when KATO is 0).
     pub fn keep_alive_expired(&self, now_ms: u64) -> bool {
+        self.keep_alive_deadline_ms()
+            .is_some_and(|deadline| now_ms >= deadline)
+    }
+
+    /// The first instant (ms) at which [`keep_alive_expired`](Self::keep_alive_expired) holds
+    /// unless the host speaks again; None when KATO is 0.
+    pub fn keep_alive_deadline_ms(&self) -> Option<u64> {
         let kato = u64::from(self.kato_ms());
         let last = self.last_keep_alive_ms.load(Ordering::Relaxed);
-        kato != 0 && now_ms.saturating_sub(last) > kato
+        (kato != 0).then_some(last + kato + 1)
     }
 
     /// Records an I/O queue; false if that qid is already connected.
@@ -202,6 +211,26 @@ impl std::fmt::Debug for ControllerShared {
     }
 }
 
+/// How many times a controller of this process failed. A reactor's tick compares it with
+/// the count it saw last and looks at its connections for a failed controller only when it
+/// moved, so idle connections cost a tick nothing. Process-wide: another target in the same
+/// process (tests) only costs a needless look.
+static FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// How many reservation notices were posted in this process (see [`FAILURES`]): a tick looks
+/// for controllers with a notice to raise only when it moved.
+static NOTICES: AtomicU64 = AtomicU64::new(0);
+
+/// See [`FAILURES`].
+pub fn failure_count() -> u64 {
+    FAILURES.load(Ordering::Acquire)
+}
+
+/// See [`NOTICES`].
+pub fn notice_count() -> u64 {
+    NOTICES.load(Ordering::Acquire)
+}
+
 /// The admin side of a controller, owned by the admin queue's reactor.
 pub struct ControllerLocal {
     pub shared: Arc<ControllerShared>,
@@ -227,6 +256,9 @@ pub struct ControllerLocal {
     /// A Reservation Log Page Available event was sent and the log not read since (with RAE
     /// clear): no further one until it is.
     pub resv_aen_masked: bool,
+    /// The keep-alive deadline this controller's live timer entry carries (0: none); an entry
+    /// with another deadline is stale (see `CoreCtx::arm_keep_alive`).
+    pub keep_alive_due: u64,
     pub error_log: VecDeque<ErrorLogEntry>,
     pub error_count: u64,
 }
@@ -245,6 +277,7 @@ impl ControllerLocal {
             ana_change_count: 0,
             ana_change_masked: false,
             resv_aen_masked: false,
+            keep_alive_due: 0,
             error_log: VecDeque::with_capacity(ERROR_LOG_ENTRIES),
             error_count: 0,
         }

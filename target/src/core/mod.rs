@@ -7,7 +7,8 @@
 //! through the atomics of [`controller::ControllerShared`] and the connect-path tables of
 //! [`subsystem::SubsystemShared`].
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -56,6 +57,19 @@ pub(crate) enum Counted {
     Read,
     Write,
     Error,
+}
+
+/// What this reactor's housekeeping ticks looked at: tests check that idle connections are
+/// not among them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Housekeeping {
+    /// Controllers whose keep-alive deadline came up.
+    pub controllers_checked: u64,
+    /// Queue pairs a transport's tick examined (closing, unconnected, or with transfers in
+    /// flight; or every one, on the rare tick after some controller failed).
+    pub qpairs_checked: u64,
+    /// Ticks on which some controller had failed since the previous one.
+    pub failure_walks: u64,
 }
 
 /// Facts about the whole target that every reactor reads.
@@ -140,6 +154,15 @@ pub struct CoreCtx {
     next_tick_ms: u64,
     /// This reactor's `nvmf_get_stats` counters.
     pub stats: GroupStats,
+    /// Keep-alive deadlines of the controllers whose admin queue this reactor serves,
+    /// earliest first: a tick looks only at the controllers that are due.
+    keep_alive_timers: BinaryHeap<Reverse<(u64, (SubsystemId, u16))>>,
+    /// [`controller::failure_count`] and [`controller::notice_count`] at the last tick.
+    seen_failures: u64,
+    seen_notices: u64,
+    /// Whether some controller failed between the last tick and this one.
+    failures_moved: bool,
+    pub housekeeping: Housekeeping,
 }
 
 impl CoreCtx {
@@ -162,7 +185,34 @@ impl CoreCtx {
             tick: true,
             next_tick_ms: 0,
             stats: GroupStats::default(),
+            keep_alive_timers: BinaryHeap::new(),
+            seen_failures: controller::failure_count(),
+            seen_notices: controller::notice_count(),
+            failures_moved: false,
+            housekeeping: Housekeeping::default(),
         }
+    }
+
+    /// Starts (or restarts, after Set Features changed KATO) a controller's keep-alive timer:
+    /// one entry in a deadline heap, looked at when due. A host's keep-alives only move the
+    /// deadline the entry finds when it comes up; an entry superseded by a later arming is
+    /// dropped when it does.
+    pub(crate) fn arm_keep_alive(&mut self, key: (SubsystemId, u16)) {
+        let Some(local) = self.controllers.get_mut(&key) else {
+            return;
+        };
+        let due = local.shared.keep_alive_deadline_ms().unwrap_or(0);
+        local.keep_alive_due = due;
+        if due != 0 {
+            self.keep_alive_timers.push(Reverse((due, key)));
+        }
+    }
+
+    /// True on a tick when some controller (of any reactor) failed since the previous tick:
+    /// transports then look at all their connections for queues of a failed controller. On
+    /// every other tick they look only at the connections that have something pending.
+    pub fn controllers_failed(&self) -> bool {
+        self.tick && self.failures_moved
     }
 
     /// Whether the transport should disconnect `q`: its controller failed, was reset to a
@@ -565,6 +615,12 @@ impl CoreCtx {
                 *mine = v;
             }
         }
+        let failures = controller::failure_count();
+        self.failures_moved = failures != self.seen_failures;
+        self.seen_failures = failures;
+        if self.failures_moved {
+            self.housekeeping.failure_walks += 1;
+        }
         work + self.check_keep_alive() + self.raise_reservation_notices()
     }
 
@@ -572,6 +628,11 @@ impl CoreCtx {
     /// reactor ran the reservation command) get their Asynchronous Event here, on the reactor
     /// that owns their admin queue.
     fn raise_reservation_notices(&mut self) -> usize {
+        let notices = controller::notice_count();
+        if notices == self.seen_notices {
+            return 0;
+        }
+        self.seen_notices = notices;
         let keys: Vec<_> = self
             .controllers
             .iter()
@@ -591,16 +652,37 @@ impl CoreCtx {
         self.tick
     }
 
+    /// Fails the controllers whose keep-alive deadline passed; the others that came up are
+    /// put back at their current deadline.
     fn check_keep_alive(&mut self) -> usize {
         let now = self.now_ms;
         let mut expired = 0;
-        for local in self.controllers.values() {
+        while let Some(&Reverse((due, key))) = self.keep_alive_timers.peek() {
+            if due > now {
+                break;
+            }
+            self.keep_alive_timers.pop();
+            let Some(local) = self.controllers.get_mut(&key) else {
+                continue;
+            };
+            if local.keep_alive_due != due {
+                continue;
+            }
+            self.housekeeping.controllers_checked += 1;
             let ctrl = &local.shared;
-            if !ctrl.is_failed() && ctrl.keep_alive_expired(now) {
-                tracing::warn!(cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, hostnqn = %ctrl.hostnqn,
-                    kato_ms = ctrl.kato_ms(), "keep alive timeout: controller failed");
-                ctrl.fail();
-                expired += 1;
+            match ctrl.keep_alive_deadline_ms() {
+                Some(next) if next > now && !ctrl.is_failed() => {
+                    local.keep_alive_due = next;
+                    self.keep_alive_timers.push(Reverse((next, key)));
+                }
+                Some(_) if !ctrl.is_failed() => {
+                    tracing::warn!(cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, hostnqn = %ctrl.hostnqn,
+                        kato_ms = ctrl.kato_ms(), "keep alive timeout: controller failed");
+                    ctrl.fail();
+                    local.keep_alive_due = 0;
+                    expired += 1;
+                }
+                _ => local.keep_alive_due = 0,
             }
         }
         expired
@@ -647,18 +729,18 @@ impl CoreCtx {
         else {
             return;
         };
-        let (stats, latency) = (&gns.ns.stats, &mut gns.latency);
+        let (stats, latency, group) = (&gns.ns.stats, &mut gns.latency, self.group);
         let histogram = match kind {
             Counted::Error => {
-                stats.record_error();
+                stats.record_error(group);
                 return;
             }
             Counted::Read => {
-                stats.record_read(u64::from(bytes));
+                stats.record_read(group, u64::from(bytes));
                 &mut latency.read
             }
             Counted::Write => {
-                stats.record_write(u64::from(bytes));
+                stats.record_write(group, u64::from(bytes));
                 &mut latency.write
             }
         };

@@ -211,6 +211,13 @@ enum Cmd {
         /// Our extension: queue pairs connected to the whole target.
         #[arg(long = "max-qpairs")]
         max_qpairs: Option<u32>,
+        /// Our extension: a connection with no successful Connect this long is closed (ms).
+        #[arg(long = "connect-timeout-ms")]
+        connect_timeout_ms: Option<u64>,
+        /// Our extension: a queue whose host takes no response or data transfer this long is
+        /// closed and its buffers freed (ms).
+        #[arg(long = "transfer-timeout-ms")]
+        transfer_timeout_ms: Option<u64>,
     },
     #[command(name = "nvmf_create_transport")]
     NvmfCreateTransport(CreateTransport),
@@ -720,11 +727,14 @@ fn request(cmd: Cmd) -> Result<Request, String> {
             discovery_filter,
             max_qpairs_per_host,
             max_qpairs,
+            connect_timeout_ms,
+            transfer_timeout_ms,
         } => (
             "nvmf_set_config",
             some(params! {
                 "poll_groups_mask" => poll_groups_mask, "discovery_filter" => discovery_filter,
                 "max_qpairs_per_host" => max_qpairs_per_host, "max_qpairs" => max_qpairs,
+                "connect_timeout_ms" => connect_timeout_ms, "transfer_timeout_ms" => transfer_timeout_ms,
             }),
         ),
         NvmfCreateTransport(a) => {

@@ -86,6 +86,12 @@ pub struct RdmaPollGroup<V: Verbs = RealVerbs> {
     wcs: [WorkCompletion; POLL_BATCH],
     /// Qpairs with responses batched this turn (see `flush_sends`).
     dirty: Vec<usize>,
+    /// Qpairs (index, generation) the housekeeping tick looks at: unconnected (connect
+    /// timeout), closing (reaped when drained), broken, or with RDMA READs or SENDs posted
+    /// (transfer timeout). A connected qpair with nothing posted leaves the list at the tick
+    /// that finds it so and comes back with its next posted transfer: idle connections cost
+    /// a tick nothing.
+    watch: Vec<(usize, u8)>,
     /// The core's clock at the start of this turn (stamps posted transfers).
     now_ms: u64,
     now_ns: u64,
@@ -116,6 +122,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             need_send: WaitQueue::new(State::NeedSend),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             dirty: Vec::new(),
+            watch: Vec::new(),
             now_ms: 0,
             now_ns: 0,
         }
@@ -262,7 +269,13 @@ impl<V: Verbs> RdmaPollGroup<V> {
             drained: false,
             send_with_invalidate,
             broken: false,
+            watched: true,
         });
+        self.watch.push((qi, gen));
+        // A qpair is on the list at most once: with room for every one, `watch` never
+        // allocates on the I/O path.
+        self.watch
+            .reserve(self.qpairs.len().saturating_sub(self.watch.len()));
         self.load.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -621,6 +634,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
                     qp.signaled += 1;
                     qp.reads_in_flight += 1;
                     n += 1;
+                    watch(&mut self.watch, qi, qp);
                 }
                 Err(e) => {
                     tracing::warn!(peer = %qp.state.peer, "posting RDMA READ failed: {e}");
@@ -694,6 +708,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             }
             let dev = qp.dev;
             let (doorbells, wrs) = flush_batch(qi, qp, self.now_ms);
+            watch(&mut self.watch, qi, qp);
             let stats = &mut self.devices[dev].stats;
             stats.send_doorbell_updates += u64::from(doorbells);
             stats.total_send_wrs += u64::from(wrs);
@@ -711,6 +726,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             return;
         }
         qp.closing = Some(core.now_ms());
+        watch(&mut self.watch, qi, qp);
         let _ = qp.cm_id.disconnect();
         core.queue_closed(&mut qp.state);
         // Not `Abandoned`: their buffers stay until the QP is destroyed (see `Qpair`).
@@ -735,50 +751,74 @@ impl<V: Verbs> RdmaPollGroup<V> {
         }
     }
 
-    /// Destroys closed qpairs whose work requests have all come back (or timed out) and
-    /// whose requests the core has finished with.
+    /// The housekeeping tick: closes qpairs that must go (a failed controller, no Connect
+    /// in time, a failed post, a host that takes no transfer) and destroys closed ones whose
+    /// work requests have all come back (or timed out) and whose requests the core has
+    /// finished with. Looks only at the watch list, and at every qpair on the rare tick after
+    /// some controller failed.
     fn reap(&mut self, core: &mut CoreCtx) {
-        for qi in 0..self.qpairs.len() {
-            let Some(qp) = self.qpairs[qi].as_mut() else {
-                continue;
-            };
-            if qp.closing.is_none() && qp.broken {
-                self.start_close(qi, core);
-                continue;
+        if core.controllers_failed() {
+            for qi in 0..self.qpairs.len() {
+                let Some(qp) = self.qpairs[qi].as_mut() else {
+                    continue;
+                };
+                core.housekeeping.qpairs_checked += 1;
+                if qp.closing.is_none() && core.should_disconnect(&mut qp.state) {
+                    self.start_close(qi, core);
+                }
             }
-            if qp.closing.is_none() && core.should_disconnect(&mut qp.state) {
-                self.start_close(qi, core);
-                continue;
+        }
+        let mut k = 0;
+        while k < self.watch.len() {
+            let (qi, gen) = self.watch[k];
+            if self.still_watched(qi, gen, core) {
+                k += 1;
+            } else {
+                self.watch.swap_remove(k);
             }
-            if qp.closing.is_none()
-                && transfer_stuck(&qp.requests, core.now_ms(), core.transfer_timeout_ms)
-            {
+        }
+    }
+
+    /// One watched qpair at a tick; false when it leaves the watch list (idle or destroyed).
+    fn still_watched(&mut self, qi: usize, gen: u8, core: &mut CoreCtx) -> bool {
+        let Some(qp) = self.qpairs[qi].as_mut().filter(|q| q.gen == gen) else {
+            return false;
+        };
+        core.housekeeping.qpairs_checked += 1;
+        if qp.closing.is_none() {
+            if qp.broken || core.should_disconnect(&mut qp.state) {
+                self.start_close(qi, core);
+            } else if transfer_stuck(&qp.requests, core.now_ms(), core.transfer_timeout_ms) {
                 tracing::warn!(peer = %qp.state.peer,
                     "host completed no transfer within the transfer timeout; closing qpair");
                 self.start_close(qi, core);
-                continue;
+            } else if qp.state.ctrl.is_some() && qp.signaled == 0 {
+                qp.watched = false;
+                return false;
             }
-            let Some(since) = qp.closing else { continue };
-            let timed_out = core.now_ms().saturating_sub(since) > DRAIN_TIMEOUT_MS;
-            let wire_done = (qp.drained && qp.signaled == 0) || timed_out;
-            let executing = qp.requests.iter().any(|r| r.state == State::Executing);
-            if !wire_done || executing {
-                continue;
-            }
-            // Dropping the qpair destroys its QP first, then frees its requests' buffers
-            // (`Abandoned` ones included): see the field order of `Qpair`.
-            let qp = self.qpairs[qi].take().expect("checked above");
-            let dev = &mut self.devices[qp.dev];
-            dev.cq_reserved -= qp.cq_share;
-            self.by_qp_num.remove(&qp.qp.qp_num());
-            self.by_token.remove(&qp.token);
-            self.gens[qi] = self.gens[qi].wrapping_add(1);
-            self.load.fetch_sub(1, Ordering::Relaxed);
-            tracing::debug!(peer = %qp.state.peer, "RDMA qpair destroyed");
-            let d = qp.dev;
-            drop(qp);
-            self.rebuild_if_failed(d);
+            return true;
         }
+        let since = qp.closing.expect("checked above");
+        let timed_out = core.now_ms().saturating_sub(since) > DRAIN_TIMEOUT_MS;
+        let wire_done = (qp.drained && qp.signaled == 0) || timed_out;
+        let executing = qp.requests.iter().any(|r| r.state == State::Executing);
+        if !wire_done || executing {
+            return true;
+        }
+        // Dropping the qpair destroys its QP first, then frees its requests' buffers
+        // (`Abandoned` ones included): see the field order of `Qpair`.
+        let qp = self.qpairs[qi].take().expect("checked above");
+        let dev = &mut self.devices[qp.dev];
+        dev.cq_reserved -= qp.cq_share;
+        self.by_qp_num.remove(&qp.qp.qp_num());
+        self.by_token.remove(&qp.token);
+        self.gens[qi] = self.gens[qi].wrapping_add(1);
+        self.load.fetch_sub(1, Ordering::Relaxed);
+        tracing::debug!(peer = %qp.state.peer, "RDMA qpair destroyed");
+        let d = qp.dev;
+        drop(qp);
+        self.rebuild_if_failed(d);
+        false
     }
 
     /// Replaces a failed device's CQ, SRQ, receive buffers and pools once no qpair uses them.
@@ -794,6 +834,14 @@ impl<V: Verbs> RdmaPollGroup<V> {
             }
             Err(e) => tracing::error!("rebuilding RDMA device resources failed: {e}"),
         }
+    }
+}
+
+/// Puts a qpair on the watch list unless it is on it already (one flag test per post).
+fn watch<V: Verbs>(list: &mut Vec<(usize, u8)>, qi: usize, qp: &mut Qpair<V>) {
+    if !qp.watched {
+        qp.watched = true;
+        list.push((qi, qp.gen));
     }
 }
 

@@ -47,6 +47,9 @@ pub(super) struct Qpair<V: Verbs> {
     /// A post on this QP failed. `try_send` has no core context to close the qpair with, so
     /// the poll group's next reap does.
     pub broken: bool,
+    /// On the poll group's watch list: the housekeeping tick looks at this qpair (it is
+    /// unconnected, closing, broken, or has transfers in flight). Idle qpairs are not on it.
+    pub watched: bool,
 }
 
 impl<V: Verbs> RequestSlots for Qpair<V> {
