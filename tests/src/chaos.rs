@@ -293,11 +293,9 @@ impl Driver {
         let t = &mut self.queues[i];
         t.q.repost = !t.q.repost;
         if t.q.repost {
-            // Give back what was withheld.
-            while t.q.recvs_posted < usize::from(t.q.depth) {
-                let slot = t.q.recvs_posted;
-                t.q.post_recv(slot);
-            }
+            // Give back what was withheld (into the slots that have none: reposting a
+            // slot still posted made two responses share a buffer).
+            t.q.post_missing_receives();
         }
     }
 

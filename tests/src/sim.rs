@@ -339,6 +339,9 @@ pub struct HostQueue {
     pub repost: bool,
     /// Receives on the QP now.
     pub recvs_posted: usize,
+    /// Which response slots have a receive on the QP (two receives on one slot would make
+    /// two responses share a buffer).
+    slot_posted: Vec<bool>,
     pub next_cmd_slot: usize,
     pub disconnected: bool,
     /// The target's QP number for this connection (fault injection names it).
@@ -417,6 +420,7 @@ impl HostQueue {
             data,
             repost: true,
             recvs_posted: 0,
+            slot_posted: vec![false; usize::from(depth)],
             next_cmd_slot: 0,
             disconnected: false,
             target_qp_num: 0,
@@ -454,12 +458,27 @@ impl HostQueue {
         }
     }
 
+    /// Posts a receive into response slot `slot`, which must have none.
     pub fn post_recv(&mut self, slot: usize) {
+        assert!(
+            !self.slot_posted[slot],
+            "response slot {slot} already has a receive posted"
+        );
+        self.slot_posted[slot] = true;
         let sge = [self.rsps.sge(slot * CQE_LEN, CQE_LEN).expect("slot")];
         self.qp
             .post_recv(&[RecvWr::new(slot as u64, &sge)])
             .expect("post_recv");
         self.recvs_posted += 1;
+    }
+
+    /// Posts a receive into every response slot that has none.
+    pub fn post_missing_receives(&mut self) {
+        for slot in 0..self.slot_posted.len() {
+            if !self.slot_posted[slot] {
+                self.post_recv(slot);
+            }
+        }
     }
 
     /// Sends `cmd` (its CID is the caller's) with `data`; the SGL is filled in here.
@@ -517,10 +536,11 @@ impl HostQueue {
             for wc in &wcs[..n] {
                 if wc.opcode().is_recv() || wc.wr_id() < u64::from(self.depth) {
                     self.recvs_posted -= 1;
+                    let slot = wc.wr_id() as usize;
+                    self.slot_posted[slot] = false;
                     if !wc.is_success() {
                         continue;
                     }
-                    let slot = wc.wr_id() as usize;
                     let mut raw = [0u8; CQE_LEN];
                     self.rsps.read_at(slot * CQE_LEN, &mut raw);
                     out.push(Completion::read_from_bytes(&raw).expect("16 bytes"));
