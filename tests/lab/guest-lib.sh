@@ -650,8 +650,9 @@ lab_cleanup() {
 lab_reset_guest() {
     local x
     # Every program a scenario starts in the background; the scenario's shell is gone.
-    for x in nvmf-tgt nvmf-perf nvmf-host nvmf-rpc nvmf-doctor fio ib_write_bw ib_read_bw \
-        ib_send_bw ib_write_lat dd spdk-rpc spdk_rpc.py spdk-cli; do
+    # (-x matches the kernel's 15-character process name: nvmf-hostile-ho is nvmf-hostile-host.)
+    for x in nvmf-tgt nvmf-perf nvmf-host nvmf-rpc nvmf-doctor nvmf-hostile-ho fio ib_write_bw \
+        ib_read_bw ib_send_bw ib_write_lat dd spdk-rpc spdk_rpc.py spdk-cli; do
         pkill -KILL -x "$x" 2>/dev/null || true
     done
     pkill -KILL -f 'spdk-rpc|spdk-cli|rpc\.py' 2>/dev/null || true

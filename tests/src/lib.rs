@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chaos;
+pub mod hostile;
 pub mod sim;
 
 use std::sync::Arc;
