@@ -330,7 +330,10 @@ fn flush_for_shutdown(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> 
             buf: None,
             fua: false,
         };
-        if core.submit_io(sid, nsid, flush).is_ok() {
+        let submitted = core
+            .namespace_slot(sid, nsid)
+            .is_some_and(|slot| core.submit_io(slot, flush).is_ok());
+        if submitted {
             outstanding += 1;
         }
     }

@@ -14,7 +14,8 @@ use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Op, Prepared, Request};
 use crate::core::reservation::Access;
 use crate::core::status::from_bdev;
-use crate::core::subsystem::{Namespace, SubsystemId};
+use crate::core::namespaces::NsSlot;
+use crate::core::subsystem::Namespace;
 use crate::core::{CoreCtx, Counted};
 
 const AUX_BUFFERS: u32 = 32;
@@ -46,10 +47,6 @@ impl IoCmd {
     }
 }
 
-fn ids(q: &QueueState, req: &Request) -> (SubsystemId, u32) {
-    (q.subsystem.expect("I/O queues are connected"), req.nsid)
-}
-
 fn check_range(num_blocks: u64, slba: u64, nlb: u64) -> Result<(), Status> {
     match slba.checked_add(nlb) {
         Some(end) if end <= num_blocks => Ok(()),
@@ -72,18 +69,23 @@ pub(crate) fn prepare(
     let sid = q.subsystem.expect("connected queues have a subsystem");
     // A namespace masked from this host is an inactive NSID to it: Invalid Namespace or
     // Format, as SPDK answers (`nvmf_ctrlr_get_ns` finds nothing for an invisible NSID).
-    let ns = core
-        .visible_namespace(sid, nsid, &ctrl.hostnqn)
+    // The command's one namespace lookup: execute and completion use the slot.
+    let slot = core
+        .resolve_namespace(sid, nsid, &ctrl.hostnqn)
         .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+    let group_ns = core.namespace(slot).expect("just resolved");
+    let ns = &group_ns.ns;
     // Through a path whose ANA group is inaccessible, lost or in transition no I/O command
     // runs (NVMe 2.0 base, 8.1.3); the status sends a multipath host to another path.
-    if let Some(sub) = core.subsystem(sid).filter(|s| s.ana_reporting) {
-        let state = sub.ns_ana_state(ctrl.listener.as_ref(), nsid);
+    if group_ns.config.ana_reporting {
+        let state = group_ns.config.ns_ana_state(ctrl.listener.as_ref(), nsid);
         if let Some(status) = ana::io_status(state) {
             return Err(status);
         }
     }
     req.nsid = nsid;
+    req.ns = slot;
+    let now_ns = core.now_ns();
     let read_only = ns.bdev.read_only();
     let (cmd, prepared) = match IoOpcode(req.cmd.opcode) {
         op @ (IoOpcode::READ | IoOpcode::WRITE | IoOpcode::COMPARE) => {
@@ -102,7 +104,7 @@ pub(crate) fn prepare(
                 _ => (IoCmd::Compare(rw), DataDirection::HostToController),
             };
             if !matches!(cmd, IoCmd::Compare(_)) {
-                req.started = Some(std::time::Instant::now());
+                req.started_ns = Some(now_ns);
             }
             (cmd, data_phase(q, &req.cmd, dir, bytes as u32)?)
         }
@@ -161,7 +163,7 @@ fn write_through(q: &QueueState, ns: &Namespace) -> bool {
 /// What a Dataset Management needs of its namespace, copied out before the core is borrowed
 /// to submit.
 struct DsmTarget {
-    nsid: u32,
+    slot: NsSlot,
     num_blocks: u64,
     unmap: bool,
     fua: bool,
@@ -174,12 +176,17 @@ pub(crate) fn execute(
     req: &mut Request,
     cmd: IoCmd,
 ) -> Exec {
-    let (sid, nsid) = ids(q, req);
+    let slot = req.ns;
     // Borrowed, not cloned: a clone is an atomic read-modify-write on memory every reactor
-    // touches, per command. Visibility is checked again: the namespace may have been masked
-    // from this host while the command's data was in flight.
+    // touches, per command. Visibility is checked again (no lookup: the slot): the namespace
+    // may have been masked from this host, or detached, while the command's data was in
+    // flight.
     let hostnqn = &q.ctrl.as_ref().expect("I/O queues are connected").hostnqn;
-    let Some(ns) = core.visible_namespace(sid, nsid, hostnqn) else {
+    let Some(ns) = core
+        .namespace(slot)
+        .filter(|g| g.config.ns_visible(&g.ns, hostnqn))
+        .map(|g| &g.ns)
+    else {
         return req.fail(Status::INVALID_NAMESPACE.with_dnr());
     };
     // Reservations are checked here, where the command is handed to the bdev, so a
@@ -237,15 +244,15 @@ pub(crate) fn execute(
         }
         IoCmd::DatasetManagement(dsm) => {
             let target = DsmTarget {
-                nsid,
+                slot,
                 num_blocks: ns.num_blocks(),
                 unmap: ns.bdev.supports(IoKind::Unmap),
                 fua: write_through(q, ns),
             };
-            return dataset_management(core, sid, target, dsm, req);
+            return dataset_management(core, target, dsm, req);
         }
     };
-    match core.submit_io(sid, nsid, bdev_io) {
+    match core.submit_io(slot, bdev_io) {
         Ok(()) => Exec::Pending,
         Err(status) => req.fail(status),
     }
@@ -267,7 +274,6 @@ fn aux_buffer(core: &mut CoreCtx, q: &QueueState, len: u32) -> Option<nvmf_commo
 /// With the host's write cache switched off the deallocations are durable at completion.
 fn dataset_management(
     core: &mut CoreCtx,
-    sid: SubsystemId,
     ns: DsmTarget,
     dsm: Dsm,
     req: &mut Request,
@@ -306,7 +312,7 @@ fn dataset_management(
             buf: None,
             fua: ns.fua,
         };
-        if let Err(status) = core.submit_io(sid, ns.nsid, io) {
+        if let Err(status) = core.submit_io(ns.slot, io) {
             outstanding -= 1;
             first_error.get_or_insert(status);
         }
@@ -322,13 +328,11 @@ fn dataset_management(
 
 pub(crate) fn on_bdev_complete(
     core: &mut CoreCtx,
-    q: &mut QueueState,
     req: &mut Request,
     cmd: IoCmd,
     done: BdevCompletion,
 ) -> Exec {
     let status = from_bdev(done.kind, done.result);
-    let (sid, _) = ids(q, req);
     let kind = match cmd {
         _ if !status.is_success() => Some(Counted::Error),
         IoCmd::Read(_) => Some(Counted::Read),
@@ -336,8 +340,8 @@ pub(crate) fn on_bdev_complete(
         _ => None,
     };
     if let Some(kind) = kind {
-        let took = req.started.map(|t| t.elapsed());
-        core.count_io(sid, req.nsid, kind, req.len, took);
+        let took_ns = req.started_ns.map(|t| core.now_ns().saturating_sub(t));
+        core.count_io(req.ns, kind, req.len, took_ns);
     }
     match cmd {
         IoCmd::Compare(_) => {

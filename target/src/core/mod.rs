@@ -16,11 +16,12 @@ use std::time::Instant;
 use nvmf_common::buffer::BufferPool;
 use nvmf_common::spec::{Status, FABRICS_OPCODE};
 
-use crate::bdev::{BdevChannel, BdevIo};
+use crate::bdev::BdevIo;
 use crate::cmd;
 use crate::core::controller::ControllerLocal;
 use crate::core::latency::NamespaceLatency;
 use crate::core::queue::QueueState;
+use crate::core::namespaces::{GroupNamespace, NamespaceTable, NsSlot};
 use crate::core::request::{DataDirection, Exec, Op, Prepared, ReqTag, Request, Wakeup};
 use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId, SubsystemKind};
 
@@ -28,6 +29,7 @@ pub mod ana;
 pub mod controller;
 pub mod latency;
 pub mod limits;
+pub(crate) mod namespaces;
 pub mod poll_group;
 pub mod queue;
 pub mod request;
@@ -98,19 +100,10 @@ impl TargetInfo {
     }
 }
 
-/// A namespace as one reactor serves it: the shared description plus this reactor's channel.
-pub(crate) struct GroupNamespace {
-    pub ns: Arc<Namespace>,
-    pub channel: Box<dyn BdevChannel>,
-    /// I/O the channel refused for lack of resources, retried after its next poll.
-    pub retry: VecDeque<BdevIo>,
-    /// This reactor's read and write latencies on the namespace.
-    pub latency: NamespaceLatency,
-}
-
 pub(crate) struct GroupSubsystem {
     pub config: Arc<SubsystemConfig>,
-    pub namespaces: HashMap<u32, GroupNamespace>,
+    /// NSID -> the namespace's entry in the reactor's [`NamespaceTable`].
+    pub namespaces: HashMap<u32, NsSlot>,
 }
 
 /// Where a core's time comes from: the system's monotonic clock, or a simulation's.
@@ -136,6 +129,8 @@ pub struct CoreCtx {
     /// The target's discovery referrals, as the control plane last sent them.
     pub(crate) referrals: Arc<Vec<Referral>>,
     pub(crate) controllers: HashMap<(SubsystemId, u16), ControllerLocal>,
+    /// The namespaces this reactor has channels to, found by a request's [`NsSlot`].
+    ns_table: NamespaceTable,
     /// Namespaces removed while I/O was in flight: polled until drained, then dropped.
     draining: Vec<GroupNamespace>,
     wakeups: Vec<(ReqTag, Wakeup)>,
@@ -174,6 +169,7 @@ impl CoreCtx {
             by_nqn: HashMap::new(),
             referrals: Arc::new(Vec::new()),
             controllers: HashMap::new(),
+            ns_table: NamespaceTable::default(),
             draining: Vec::new(),
             wakeups: Vec::with_capacity(256),
             aux_pool: None,
@@ -259,24 +255,29 @@ impl CoreCtx {
         let mut namespaces = HashMap::new();
         let mut changed = Vec::new();
         for (&nsid, ns) in &config.namespaces {
+            let table = &mut self.ns_table;
             let kept = old.as_mut().and_then(|o| {
-                let same = o
-                    .namespaces
-                    .get(&nsid)
-                    .is_some_and(|g| Arc::ptr_eq(&g.ns, ns));
+                let slot = *o.namespaces.get(&nsid)?;
+                let same = table.get(slot).is_some_and(|g| Arc::ptr_eq(&g.ns, ns));
                 same.then(|| o.namespaces.remove(&nsid)).flatten()
             });
-            let group_ns = match kept {
-                Some(g) => g,
+            let slot = match kept {
+                Some(slot) => {
+                    if let Some(g) = table.get_mut(slot) {
+                        g.config = Arc::clone(&config);
+                    }
+                    slot
+                }
                 None => {
                     changed.push(nsid);
                     match ns.bdev.open_channel() {
-                        Ok(channel) => GroupNamespace {
+                        Ok(channel) => table.insert(GroupNamespace {
                             ns: Arc::clone(ns),
+                            config: Arc::clone(&config),
                             channel,
                             retry: VecDeque::new(),
                             latency: NamespaceLatency::default(),
-                        },
+                        }),
                         Err(e) => {
                             tracing::error!(
                                 nsid,
@@ -288,7 +289,7 @@ impl CoreCtx {
                     }
                 }
             };
-            namespaces.insert(nsid, group_ns);
+            namespaces.insert(nsid, slot);
         }
         let mut old_config = None;
         if let Some(old) = old {
@@ -351,7 +352,10 @@ impl CoreCtx {
         self.notify_discovery_change();
     }
 
-    fn retire_namespace(&mut self, gone: GroupNamespace) {
+    fn retire_namespace(&mut self, slot: NsSlot) {
+        let Some(gone) = self.ns_table.remove(slot) else {
+            return;
+        };
         if gone.channel.in_flight() > 0 || !gone.retry.is_empty() {
             self.draining.push(gone);
         }
@@ -505,7 +509,7 @@ impl CoreCtx {
     pub fn resume(&mut self, q: &mut QueueState, req: &mut Request, wakeup: Wakeup) -> Exec {
         let exec = match wakeup {
             Wakeup::Bdev(done) => match req.op {
-                Op::Io(io) => cmd::io::on_bdev_complete(self, q, req, io, done),
+                Op::Io(io) => cmd::io::on_bdev_complete(self, req, io, done),
                 // Only the shutdown sequence's flushes are bdev I/O of a fabrics command.
                 Op::Fabrics => cmd::fabrics::on_shutdown_flush(q, req, done),
                 Op::Admin | Op::Reservation(_) | Op::Unprepared => {
@@ -589,10 +593,8 @@ impl CoreCtx {
         self.now_ms = self.now_ns / 1_000_000;
         let mut work = 0;
         let wakeups = &mut self.wakeups;
-        for sub in self.subsystems.values_mut() {
-            for gns in sub.namespaces.values_mut() {
-                work += poll_namespace(gns, wakeups);
-            }
+        for gns in self.ns_table.iter_mut() {
+            work += poll_namespace(gns, wakeups);
         }
         for gns in &mut self.draining {
             work += poll_namespace(gns, wakeups);
@@ -688,17 +690,36 @@ impl CoreCtx {
         expired
     }
 
-    /// Submits an I/O to a namespace's channel, queueing it if the channel is busy.
-    pub(crate) fn submit_io(
-        &mut self,
-        subsystem: SubsystemId,
+    /// The namespace `nsid` of subsystem `sid` if a controller of `hostnqn` sees it
+    /// (namespace masking; a masked one is an inactive NSID to every other host): the one
+    /// lookup of a command's namespace, in `prepare`.
+    pub(crate) fn resolve_namespace(
+        &self,
+        sid: SubsystemId,
         nsid: u32,
-        io: BdevIo,
-    ) -> Result<(), Status> {
+        hostnqn: &str,
+    ) -> Option<NsSlot> {
+        let slot = *self.subsystems.get(&sid)?.namespaces.get(&nsid)?;
+        let g = self.ns_table.get(slot)?;
+        g.config.ns_visible(&g.ns, hostnqn).then_some(slot)
+    }
+
+    /// The namespace a request resolved, if this reactor still serves it.
+    #[inline]
+    pub(crate) fn namespace(&self, slot: NsSlot) -> Option<&GroupNamespace> {
+        self.ns_table.get(slot)
+    }
+
+    /// The entry of namespace `nsid` of subsystem `sid`, whoever sees it.
+    pub(crate) fn namespace_slot(&self, sid: SubsystemId, nsid: u32) -> Option<NsSlot> {
+        self.subsystems.get(&sid)?.namespaces.get(&nsid).copied()
+    }
+
+    /// Submits an I/O to a namespace's channel, queueing it if the channel is busy.
+    pub(crate) fn submit_io(&mut self, slot: NsSlot, io: BdevIo) -> Result<(), Status> {
         let gns = self
-            .subsystems
-            .get_mut(&subsystem)
-            .and_then(|s| s.namespaces.get_mut(&nsid))
+            .ns_table
+            .get_mut(slot)
             .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
         if !gns.retry.is_empty() {
             gns.retry.push_back(io);
@@ -713,23 +734,19 @@ impl CoreCtx {
     }
 
     /// Counts a finished I/O command of `bytes` in the namespace's statistics and, for a read
-    /// or write that took `took`, in this reactor's latency histogram: one lookup.
+    /// or write that took `took_ns`, in this reactor's latency histogram: no lookup.
     pub(crate) fn count_io(
         &mut self,
-        subsystem: SubsystemId,
-        nsid: u32,
+        slot: NsSlot,
         kind: Counted,
         bytes: u32,
-        took: Option<std::time::Duration>,
+        took_ns: Option<u64>,
     ) {
-        let Some(gns) = self
-            .subsystems
-            .get_mut(&subsystem)
-            .and_then(|s| s.namespaces.get_mut(&nsid))
-        else {
+        let group = self.group;
+        let Some(gns) = self.ns_table.get_mut(slot) else {
             return;
         };
-        let (stats, latency, group) = (&gns.ns.stats, &mut gns.latency, self.group);
+        let (stats, latency) = (&gns.ns.stats, &mut gns.latency);
         let histogram = match kind {
             Counted::Error => {
                 stats.record_error(group);
@@ -744,20 +761,22 @@ impl CoreCtx {
                 &mut latency.write
             }
         };
-        if let Some(took) = took {
-            histogram.record(took);
+        if let Some(ns) = took_ns {
+            histogram.record(std::time::Duration::from_nanos(ns));
         }
     }
 
     /// This reactor's latency histograms: (subsystem NQN, NSID, histograms) of every namespace
     /// it has a channel to.
     pub fn namespace_latencies(&self) -> Vec<(String, u32, NamespaceLatency)> {
+        let table = &self.ns_table;
         self.subsystems
             .values()
             .flat_map(|s| {
-                s.namespaces
-                    .iter()
-                    .map(|(&nsid, g)| (s.config.nqn.clone(), nsid, g.latency))
+                s.namespaces.iter().filter_map(|(&nsid, &slot)| {
+                    let g = table.get(slot)?;
+                    Some((s.config.nqn.clone(), nsid, g.latency))
+                })
             })
             .collect()
     }
@@ -770,9 +789,8 @@ impl CoreCtx {
         nsid: u32,
         hostnqn: &str,
     ) -> Option<&Arc<Namespace>> {
-        let sub = self.subsystems.get(&subsystem)?;
-        let ns = &sub.namespaces.get(&nsid)?.ns;
-        sub.config.ns_visible(ns, hostnqn).then_some(ns)
+        let slot = self.resolve_namespace(subsystem, nsid, hostnqn)?;
+        self.ns_table.get(slot).map(|g| &g.ns)
     }
 
     pub(crate) fn subsystem(&self, id: SubsystemId) -> Option<&Arc<SubsystemConfig>> {
@@ -782,9 +800,8 @@ impl CoreCtx {
     /// I/O still in flight on this reactor's channels (for orderly shutdown).
     pub fn io_in_flight(&self) -> usize {
         let live: usize = self
-            .subsystems
-            .values()
-            .flat_map(|s| s.namespaces.values())
+            .ns_table
+            .iter()
             .map(|g| g.channel.in_flight() + g.retry.len())
             .sum();
         live + self

@@ -13,6 +13,7 @@ use nvmf_common::spec::{Command, Completion, Status};
 use crate::bdev::BdevCompletion;
 use crate::cmd::io::IoCmd;
 use crate::cmd::reservation::ResvCmd;
+use crate::core::namespaces::NsSlot;
 
 /// Names a request across the core/transport boundary: the transport poll group's index in the
 /// reactor's poll group (top 8 bits) and the transport's own slot id (low 56 bits).
@@ -123,8 +124,11 @@ pub struct Request {
     pub(crate) progress: Progress,
     /// The namespace id this request runs against, resolved in `prepare`.
     pub(crate) nsid: u32,
-    /// When a read or write arrived, for its namespace's latency histogram.
-    pub(crate) started: Option<std::time::Instant>,
+    /// Its namespace's entry on this reactor, resolved in `prepare` (no lookup after).
+    pub(crate) ns: NsSlot,
+    /// The core's clock (ns) when a read or write was prepared, for its namespace's latency
+    /// histogram: the turn's timestamp, so timing an I/O reads no clock.
+    pub(crate) started_ns: Option<u64>,
 }
 
 impl Request {
@@ -139,7 +143,8 @@ impl Request {
             op: Op::Unprepared,
             progress: Progress::default(),
             nsid: 0,
-            started: None,
+            ns: NsSlot::default(),
+            started_ns: None,
         }
     }
 
@@ -154,7 +159,8 @@ impl Request {
         self.op = Op::Unprepared;
         self.progress = Progress::default();
         self.nsid = 0;
-        self.started = None;
+        self.ns = NsSlot::default();
+        self.started_ns = None;
     }
 
     /// Fills the response status. Every outcome of a command passes through here.
