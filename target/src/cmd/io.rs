@@ -10,11 +10,11 @@ use zerocopy::FromBytes;
 use crate::bdev::{BdevCompletion, BdevIo, IoKind};
 use crate::cmd::{data_phase, reservation};
 use crate::core::ana;
+use crate::core::namespaces::NsSlot;
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Op, Prepared, Request};
 use crate::core::reservation::Access;
 use crate::core::status::from_bdev;
-use crate::core::namespaces::NsSlot;
 use crate::core::subsystem::Namespace;
 use crate::core::{CoreCtx, Counted};
 
@@ -272,12 +272,7 @@ fn aux_buffer(core: &mut CoreCtx, q: &QueueState, len: u32) -> Option<nvmf_commo
 
 /// Deallocates each range; attributes other than Deallocate are hints and need no action.
 /// With the host's write cache switched off the deallocations are durable at completion.
-fn dataset_management(
-    core: &mut CoreCtx,
-    ns: DsmTarget,
-    dsm: Dsm,
-    req: &mut Request,
-) -> Exec {
+fn dataset_management(core: &mut CoreCtx, ns: DsmTarget, dsm: Dsm, req: &mut Request) -> Exec {
     if !dsm.attr_deallocate {
         return req.fail(Status::SUCCESS);
     }

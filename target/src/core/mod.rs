@@ -20,8 +20,8 @@ use crate::bdev::BdevIo;
 use crate::cmd;
 use crate::core::controller::ControllerLocal;
 use crate::core::latency::NamespaceLatency;
-use crate::core::queue::QueueState;
 use crate::core::namespaces::{GroupNamespace, NamespaceTable, NsSlot};
+use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Op, Prepared, ReqTag, Request, Wakeup};
 use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId, SubsystemKind};
 

@@ -116,7 +116,10 @@ mod tests {
     #[test]
     fn a_removed_namespace_is_not_found_through_its_old_slot_even_when_the_index_is_reused() {
         let mut t = NamespaceTable::<&str>::default();
-        assert!(t.get(NsSlot::default()).is_none(), "the default slot names nothing");
+        assert!(
+            t.get(NsSlot::default()).is_none(),
+            "the default slot names nothing"
+        );
         let a = t.insert("a");
         let b = t.insert("b");
         assert_eq!((t.get(a), t.get(b)), (Some(&"a"), Some(&"b")));
@@ -125,7 +128,10 @@ mod tests {
         assert!(t.remove(a).is_none(), "removed once only");
         let c = t.insert("c");
         assert_eq!(c.index, a.index, "the freed index is reused");
-        assert!(t.get(a).is_none(), "a request of the old namespace finds nothing");
+        assert!(
+            t.get(a).is_none(),
+            "a request of the old namespace finds nothing"
+        );
         assert_eq!(t.get(c), Some(&"c"));
         *t.get_mut(c).unwrap() = "c2";
         let mut all: Vec<_> = t.iter().copied().collect();
