@@ -82,15 +82,17 @@ impl ErrorInjector {
     /// Claims one hit of the injection armed for `kind`, if any is left.
     fn take(&self, kind: IoKind) -> Option<Effect> {
         let slot = &self.armed[kind_index(kind)];
-        let mut hit = None;
-        let _ = slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+        // The hit is read from the value the update replaced, not noted inside the closure:
+        // the closure runs again after each lost race, and a later run may find nothing left
+        // (the last hit went to another thread) after an earlier one claimed it.
+        slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
             let effect = Effect::from_code(v >> 32)?;
             let remaining = (v & u64::from(u32::MAX)) as u32;
             let left = remaining.checked_sub(1)?;
-            hit = Some(effect);
             Some(pack(Some(effect), left))
-        });
-        hit
+        })
+        .ok()
+        .and_then(|claimed| Effect::from_code(claimed >> 32))
     }
 
     /// Returns a hit that could not be applied (the base refused the I/O), if the same
