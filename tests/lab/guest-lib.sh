@@ -662,7 +662,9 @@ lab_reset_guest() {
     fi
     lab_kernel_target_down >/dev/null 2>&1 || true
     # Scenarios mount only below /tmp (itself virtme's overlay, left alone); newest first.
-    for x in $(awk '$2 ~ /^\/tmp\/./ {print $2}' /proc/mounts | tac); do
+    # Not virtme's 9p shares: a repo cloned under /tmp has its results folder there, and
+    # unmounting it sent every later scenario's logs into the guest's overlay.
+    for x in $(awk '$2 ~ /^\/tmp\/./ && $3 != "9p" {print $2}' /proc/mounts | tac); do
         timeout -k 5 60 umount "$x" || timeout 30 umount -l "$x" || true
         rmdir "$x" 2>/dev/null || true
     done
