@@ -358,7 +358,7 @@ fn host_poll(c: &mut Conn, host: &mut HostCalls) -> bool {
             let status = u16::from_le_bytes([cqe[CQE_STATUS], cqe[CQE_STATUS + 1]]) >> 1;
             assert_eq!(cid, c.cid, "response to another command");
             assert_eq!(status, 0, "command failed: status {status:#x}");
-            c.q.recvs_posted -= 1;
+            c.q.receive_done(slot);
             c.q.post_recv(slot);
             host.post_recv_calls += 1;
             host.recv_wrs += 1;

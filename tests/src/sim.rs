@@ -472,6 +472,13 @@ impl HostQueue {
         self.recvs_posted += 1;
     }
 
+    /// A receive into `slot` completed and was consumed by a caller polling the CQ itself
+    /// (the benchmark): the slot may be posted again.
+    pub fn receive_done(&mut self, slot: usize) {
+        self.recvs_posted -= 1;
+        self.slot_posted[slot] = false;
+    }
+
     /// Posts a receive into every response slot that has none.
     pub fn post_missing_receives(&mut self) {
         for slot in 0..self.slot_posted.len() {
