@@ -663,11 +663,36 @@ pub fn io_queue_qid(
     depth: u16,
     data_len: usize,
 ) -> HostQueue {
-    let recvs = usize::from(depth);
+    connected_io_queue(
+        lab,
+        verbs,
+        cntlid,
+        qid,
+        depth,
+        data_len,
+        usize::from(depth),
+        true,
+    )
+}
+
+/// An I/O queue `qid` of controller `cntlid` with `recvs` receives posted (reposted after
+/// each response if `repost`), Fabrics Connect done.
+#[allow(clippy::too_many_arguments)]
+fn connected_io_queue(
+    lab: &mut SimLab,
+    verbs: &SimVerbs,
+    cntlid: u16,
+    qid: u16,
+    depth: u16,
+    data_len: usize,
+    recvs: usize,
+    repost: bool,
+) -> HostQueue {
     let mut q = HostQueue::connect_with(lab, verbs, qid, depth, data_len, recvs, |r| {
         r.as_bytes().to_vec()
     })
     .expect("I/O queue accepted");
+    q.repost = repost;
     let c = q.fabric_connect(lab, qid, cntlid);
     assert!(c.status().is_success(), "I/O Connect failed: {c:?}");
     q
@@ -683,14 +708,7 @@ pub fn stalled_io_queue(
     depth: u16,
     data_len: usize,
 ) -> HostQueue {
-    let mut q = HostQueue::connect_with(lab, verbs, qid, depth, data_len, 1, |r| {
-        r.as_bytes().to_vec()
-    })
-    .expect("queue accepted");
-    q.repost = false;
-    let c = q.fabric_connect(lab, qid, cntlid);
-    assert!(c.status().is_success(), "I/O Connect failed: {c:?}");
-    q
+    connected_io_queue(lab, verbs, cntlid, qid, depth, data_len, 1, false)
 }
 
 /// `len` bytes of the queue's data buffer at `offset`, by keyed SGL.
