@@ -1,8 +1,8 @@
 //! `nvmf-tgt`: the NVMe-oF target daemon. Flags follow SPDK's `nvmf_tgt` (`lib/event/app.c`):
 //! the ones with a meaning here are applied (`-m`, `-c`, `-r`, `--wait-for-rpc`,
 //! `--json-ignore-init-errors`, `-L`, `--silence-noticelog`, `--rpcs-allowed`,
-//! `--no-rpc-server`, `-v`); the DPDK, hugepage, PCI, trace and interrupt-mode ones are
-//! accepted and ignored with a one-line notice each, so SPDK's systemd units and scripts start
+//! `--no-rpc-server`, `-v`); ours: `--poll-mode` (what an idle reactor does); the DPDK,
+//! hugepage, PCI, trace and interrupt-mode ones are accepted and ignored with a one-line notice each, so SPDK's systemd units and scripts start
 //! it unchanged.
 
 use std::io::IsTerminal as _;
@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use clap::{ArgAction, Parser};
+use nvmf_common::reactor::IdleMode;
 use nvmf_common::reactor::{check_cores, parse_core_mask};
 use nvmf_target::core::TargetInfo;
 use nvmf_target::reactor::{start_reactors, stop_reactors};
@@ -100,6 +101,10 @@ struct Args {
     /// Serve no JSON-RPC at all (a -c config sets the target up).
     #[arg(long = "no-rpc-server")]
     no_rpc_server: bool,
+    /// What an idle reactor does: adaptive (spin 20 µs, then sleep until a completion, a
+    /// message or a timer), pure (spin always, as SPDK's default), backoff (spin, yield, nap).
+    #[arg(long = "poll-mode", value_name = "MODE", default_value = "adaptive")]
+    poll_mode: IdleMode,
     #[command(flatten)]
     ignored: IgnoredSpdkFlags,
 }
@@ -230,7 +235,7 @@ impl IgnoredSpdkFlags {
             (
                 "--interrupt-mode",
                 self.interrupt_mode,
-                "reactors poll and nap when idle",
+                "idle reactors already sleep on their completion channels (--poll-mode adaptive)",
             ),
             (
                 "--disable-cpumask-locks",
@@ -345,7 +350,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let info = Arc::new(TargetInfo::default());
-    let (reactors, handles) = start_reactors(&cores, &info).context("cannot start reactors")?;
+    let (reactors, handles) =
+        start_reactors(&cores, &info, args.poll_mode).context("cannot start reactors")?;
     let mut target = Target::new(Arc::clone(&info));
     for h in handles {
         target.add_poll_group(h);

@@ -207,7 +207,7 @@ pub fn render(control: &Mutex<Control>, reactors: &[ReactorCounters]) -> String 
 
     let mut o = Exposition::default();
     type TurnsOf = fn(&ReactorStats) -> u64;
-    let turns: [(&str, &str, TurnsOf); 2] = [
+    let turns: [(&str, &str, TurnsOf); 4] = [
         (
             "nvmf_reactor_busy_turns_total",
             "Reactor poll turns that found work.",
@@ -217,6 +217,16 @@ pub fn render(control: &Mutex<Control>, reactors: &[ReactorCounters]) -> String 
             "nvmf_reactor_idle_turns_total",
             "Reactor poll turns that found nothing to do.",
             |s| s.idle_turns.load(Ordering::Relaxed),
+        ),
+        (
+            "nvmf_reactor_sleeps_total",
+            "Times an idle reactor slept until a completion, a message or a timer.",
+            |s| s.sleeps.load(Ordering::Relaxed),
+        ),
+        (
+            "nvmf_reactor_early_wakeups_total",
+            "Sleeps a completion or a message ended before their timer.",
+            |s| s.woken_early.load(Ordering::Relaxed),
         ),
     ];
     for (name, help, get) in turns {

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use nvmf_common::reactor::{Pollable, Reactor};
+use std::time::Duration;
+
+use nvmf_common::reactor::{IdleMode, Pollable, Reactor, WaitSet};
 
 use crate::core::{PollGroup, PollGroupHandle, TargetInfo};
 
@@ -16,24 +18,34 @@ impl Pollable for ReactorState {
     fn shutdown(&mut self) {
         self.0.shutdown();
     }
+
+    fn prepare_sleep(&mut self, wait: &WaitSet<'_>) -> Option<Duration> {
+        self.0.prepare_sleep(wait)
+    }
+
+    fn woken(&mut self) {
+        self.0.woken();
+    }
 }
 
-/// Starts one pinned reactor per core, each with its poll group; returns the reactors and
-/// the poll groups' message handles, in core order.
+/// Starts one pinned reactor per core, each with its poll group, idling as `mode` says;
+/// returns the reactors and the poll groups' message handles, in core order.
 pub fn start_reactors(
     cores: &[usize],
     info: &Arc<TargetInfo>,
+    mode: IdleMode,
 ) -> std::io::Result<(Vec<Reactor>, Vec<PollGroupHandle>)> {
     let mut reactors = Vec::with_capacity(cores.len());
     let mut handles = Vec::with_capacity(cores.len());
     for (index, &core) in cores.iter().enumerate() {
         let info = Arc::clone(info);
-        let (reactor, handle) = Reactor::spawn(core, format!("reactor_{core}"), move || {
-            let pg = PollGroup::new(index, info);
+        let name = format!("reactor_{core}");
+        let (reactor, handle) = Reactor::spawn(core, name, mode, move |waker| {
+            let pg = PollGroup::with_waker(index, info, Some(std::sync::Arc::clone(waker)));
             let handle = pg.handle();
             (ReactorState(pg), handle)
         })?;
-        tracing::info!(core, "reactor started");
+        tracing::info!(core, mode = mode.as_str(), "reactor started");
         reactors.push(reactor);
         handles.push(handle);
     }

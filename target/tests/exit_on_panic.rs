@@ -10,7 +10,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use nvmf_common::reactor::{Pollable, Reactor};
+use nvmf_common::reactor::{IdleMode, Pollable, Reactor};
 
 /// Set in the child's environment only.
 const CHILD: &str = "NVMF_TEST_EXIT_ON_PANIC_CHILD";
@@ -28,8 +28,10 @@ impl Pollable for PanicsOnPoll {
 fn child() -> ! {
     nvmf_target::exit_on_panic::install();
     // Named as `nvmf_target::reactor::start_reactors` names reactors.
-    let (reactor, ()) =
-        Reactor::spawn(0, "reactor_0".into(), || (PanicsOnPoll, ())).expect("reactor starts");
+    let (reactor, ()) = Reactor::spawn(0, "reactor_0".into(), IdleMode::Adaptive, |_| {
+        (PanicsOnPoll, ())
+    })
+    .expect("reactor starts");
     // The hook exits from the reactor thread; if it did not, the process would carry on here
     // with a dead reactor, the zombie this guards against.
     std::thread::sleep(Duration::from_secs(10));

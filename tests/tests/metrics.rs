@@ -60,7 +60,8 @@ fn value(body: &str, series: &str) -> f64 {
 #[test]
 fn a_hosts_io_shows_up_in_the_metrics() {
     let info = Arc::new(TargetInfo::default());
-    let (reactors, handles) = start_reactors(&[0], &info).unwrap();
+    let (reactors, handles) =
+        start_reactors(&[0], &info, nvmf_common::reactor::IdleMode::Adaptive).unwrap();
     let mut target = Target::new(Arc::clone(&info));
     for h in handles {
         target.add_poll_group(h);

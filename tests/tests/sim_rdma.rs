@@ -5,9 +5,11 @@
 use std::time::Duration;
 
 use nvmf_common::rdma::sim::{SimAsyncEvent, SimAsyncEventKind};
+use nvmf_common::reactor::Sleeper;
 use nvmf_common::spec::command::Command;
 use nvmf_common::spec::rdma_cm::RdmaCmRejectStatus;
 use nvmf_common::spec::Status;
+use nvmf_target::core::{IDLE_SLEEP_MAX_MS, TICK_MS};
 use nvmf_tests::sim::*;
 
 const BLOCK: usize = 512;
@@ -808,4 +810,55 @@ fn idle_connections_cost_the_housekeeping_tick_nothing() {
     drop(queues);
     admin.disconnect();
     lab.assert_drained();
+}
+
+/// An idle reactor arms its shared CQ before it sleeps: the next capsule signals the
+/// completion channel (what wakes a sleeping reactor), a completion while not armed does
+/// not, and a qpair with a transfer in flight bounds the sleep to the housekeeping tick.
+#[test]
+fn an_idle_reactor_arms_its_cq_and_the_next_capsule_signals_it() {
+    let mut lab = SimLab::new(21);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (_admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut q = io_queue(&mut lab, &host, cntlid, 16, 8192);
+    let c = q.run(&mut lab, read_cmd(1, 0, 8), keyed(0, 4096));
+    assert!(c.status().is_success(), "{c:?}");
+    lab.run_for(Duration::from_millis(50), Duration::from_millis(1));
+
+    let mut sleeper = Sleeper::new().unwrap();
+    let bound = lab.pgs[0].prepare_sleep(&sleeper.wait_set());
+    assert_eq!(bound, Some(Duration::from_millis(IDLE_SLEEP_MAX_MS)));
+    assert!(
+        !sleeper.wait(Duration::ZERO).unwrap(),
+        "nothing happened yet"
+    );
+    // The host sends a command; the fabric delivers it into the target's CQ.
+    q.submit(read_cmd(2, 0, 8), keyed(0, 4096));
+    lab.fabric.advance(Duration::from_millis(1));
+    assert!(
+        sleeper.wait(Duration::from_secs(5)).unwrap(),
+        "the capsule must signal the armed CQ's channel"
+    );
+    lab.pgs[0].woken();
+    let c = q.wait(&mut lab, 2);
+    assert!(c.status().is_success(), "{c:?}");
+
+    // Not armed: completions raise nothing (the reactor is polling, it needs no event).
+    lab.run_for(Duration::from_millis(50), Duration::from_millis(1));
+    q.submit(read_cmd(3, 0, 8), keyed(0, 4096));
+    lab.fabric.advance(Duration::from_millis(1));
+    assert!(!sleeper.wait(Duration::ZERO).unwrap());
+    let c = q.wait(&mut lab, 3);
+    assert!(c.status().is_success(), "{c:?}");
+
+    // A host that takes no responses: its qpair is watched, and the sleep ends at the tick
+    // that would cut it off.
+    let mut stalled = stalled_io_queue(&mut lab, &host, cntlid, 2, 16, 8192);
+    stalled.submit(read_cmd(4, 0, 8), keyed(0, 4096));
+    lab.turns(50);
+    assert_eq!(
+        lab.pgs[0].prepare_sleep(&sleeper.wait_set()),
+        Some(Duration::from_millis(TICK_MS))
+    );
+    lab.pgs[0].woken();
 }

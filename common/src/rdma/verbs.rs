@@ -48,6 +48,11 @@ pub trait Verbs: Clone + Send + Sync + 'static {
     fn alloc_pd(ctx: &Arc<Self::Context>) -> Result<Arc<Self::Pd>>;
     /// `ibv_create_cq` with at least `cqe` entries and no completion channel.
     fn create_cq(ctx: &Arc<Self::Context>, cqe: u32) -> Result<Arc<Self::Cq>>;
+    /// A CQ that can wake a sleeping reactor ([`VerbsCq::wake_fd`]): with a private,
+    /// non-blocking completion channel. A provider without channels makes a plain one.
+    fn create_cq_with_channel(ctx: &Arc<Self::Context>, cqe: u32) -> Result<Arc<Self::Cq>> {
+        Self::create_cq(ctx, cqe)
+    }
     /// `ibv_create_srq` for at least `max_wr` receives of up to `max_sge` entries.
     fn create_srq(pd: &Arc<Self::Pd>, max_wr: u32, max_sge: u32) -> Result<Arc<Self::Srq>>;
     /// Registers memory the caller made device-accessible ([`DeviceMemory::new`] carries the
@@ -136,6 +141,24 @@ pub trait VerbsCq: Send + Sync + 'static {
             "this provider cannot resize a CQ",
         ))
     }
+
+    /// The descriptor that becomes readable when the armed CQ gets a completion; `None` if
+    /// the CQ has no completion channel (its owner must keep polling it).
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
+    /// Arms the CQ: its next completion makes [`wake_fd`](Self::wake_fd) readable. Poll it
+    /// once more afterwards: a completion that came before the arming raises nothing.
+    fn arm(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Takes and acknowledges every event the channel holds, so the descriptor can signal
+    /// again; returns how many there were.
+    fn take_events(&self) -> Result<u32> {
+        Ok(0)
+    }
 }
 
 pub trait VerbsSrq: Send + Sync + 'static {
@@ -214,6 +237,10 @@ impl Verbs for RealVerbs {
     #[inline]
     fn create_cq(ctx: &Arc<Context>, cqe: u32) -> Result<Arc<CompletionQueue>> {
         CompletionQueue::new(ctx, cqe)
+    }
+
+    fn create_cq_with_channel(ctx: &Arc<Context>, cqe: u32) -> Result<Arc<CompletionQueue>> {
+        CompletionQueue::with_channel(ctx, cqe, 0)
     }
 
     #[inline]
@@ -304,6 +331,25 @@ impl VerbsCq for CompletionQueue {
 
     fn resize(&self, cqe: u32) -> Result<u32> {
         CompletionQueue::resize(self, cqe)
+    }
+
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.channel_fd()
+    }
+
+    fn arm(&self) -> Result<()> {
+        self.req_notify(false)
+    }
+
+    fn take_events(&self) -> Result<u32> {
+        let mut n = 0;
+        while self.get_event()? {
+            n += 1;
+        }
+        if n > 0 {
+            self.ack_events();
+        }
+        Ok(n)
     }
 }
 

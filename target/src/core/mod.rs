@@ -51,6 +51,11 @@ pub const TRANSFER_TIMEOUT_MS: u64 = 30_000;
 /// (keep-alive granularity is 100 ms, the connect timeout seconds).
 pub const TICK_MS: u64 = 10;
 
+/// The longest an idle reactor sleeps (when no keep-alive is due sooner): what a change
+/// another reactor makes (a controller failed there, a reservation notice) may wait before
+/// this one looks. Ten wake-ups a second cost nothing measurable.
+pub const IDLE_SLEEP_MAX_MS: u64 = 100;
+
 pub use poll_group::{GroupStats, PollGroup, PollGroupHandle, PollGroupMsg};
 
 /// What a finished I/O command counts as in its namespace's statistics.
@@ -795,6 +800,20 @@ impl CoreCtx {
 
     pub(crate) fn subsystem(&self, id: SubsystemId) -> Option<&Arc<SubsystemConfig>> {
         self.subsystems.get(&id).map(|s| &s.config)
+    }
+
+    /// How long this reactor may sleep with nothing to poll: `None` while wakeups are owed
+    /// or bdev I/O is in flight (backends are polled); else until the next keep-alive
+    /// deadline, at most [`IDLE_SLEEP_MAX_MS`].
+    pub fn sleep_bound(&self) -> Option<std::time::Duration> {
+        if self.has_wakeups() || self.io_in_flight() > 0 {
+            return None;
+        }
+        let mut ms = IDLE_SLEEP_MAX_MS;
+        if let Some(Reverse((due, _))) = self.keep_alive_timers.peek() {
+            ms = ms.min(due.saturating_sub(self.now_ms));
+        }
+        Some(std::time::Duration::from_millis(ms))
     }
 
     /// I/O still in flight on this reactor's channels (for orderly shutdown).

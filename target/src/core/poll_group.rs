@@ -4,8 +4,10 @@
 //! transports that own the waiting requests.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam::queue::SegQueue;
+use nvmf_common::reactor::{ReactorWaker, WaitSet};
 
 use crate::core::request::{ReqTag, Wakeup};
 use crate::core::transport::TransportPollGroup;
@@ -22,6 +24,8 @@ pub type PollGroupMsg = Box<dyn FnOnce(&mut PollGroup) + Send>;
 pub struct PollGroupHandle {
     index: usize,
     inbox: Arc<SegQueue<PollGroupMsg>>,
+    /// The reactor's, when the group runs on one that may sleep.
+    waker: Option<Arc<ReactorWaker>>,
 }
 
 impl PollGroupHandle {
@@ -31,6 +35,9 @@ impl PollGroupHandle {
 
     pub fn send(&self, msg: impl FnOnce(&mut PollGroup) + Send + 'static) {
         self.inbox.push(Box::new(msg));
+        if let Some(waker) = &self.waker {
+            waker.wake();
+        }
     }
 }
 
@@ -67,16 +74,28 @@ impl GroupStats {
 pub struct PollGroup {
     pub core: CoreCtx,
     inbox: Arc<SegQueue<PollGroupMsg>>,
+    waker: Option<Arc<ReactorWaker>>,
     transports: Vec<Box<dyn TransportPollGroup>>,
     /// Swapped with the core's wakeup list each turn, so dispatch allocates nothing.
     spare_wakeups: Vec<(ReqTag, Wakeup)>,
 }
 
 impl PollGroup {
+    /// A poll group driven by hand (tests, the simulated fabric): it never sleeps.
     pub fn new(index: usize, info: Arc<TargetInfo>) -> Self {
+        Self::with_waker(index, info, None)
+    }
+
+    /// A poll group on a reactor that may sleep: its messages wake `waker`.
+    pub fn with_waker(
+        index: usize,
+        info: Arc<TargetInfo>,
+        waker: Option<Arc<ReactorWaker>>,
+    ) -> Self {
         Self {
             core: CoreCtx::new(index, info),
             inbox: Arc::new(SegQueue::new()),
+            waker,
             transports: Vec::new(),
             spare_wakeups: Vec::with_capacity(256),
         }
@@ -86,6 +105,7 @@ impl PollGroup {
         PollGroupHandle {
             index: self.core.group,
             inbox: Arc::clone(&self.inbox),
+            waker: self.waker.clone(),
         }
     }
 
@@ -146,6 +166,28 @@ impl PollGroup {
         work
     }
 
+    /// The reactor is idle and wants to sleep: `None` if a message or a wakeup is waiting,
+    /// bdev I/O is in flight (backends are polled) or a transport has work only polling sees;
+    /// else every transport has armed its completion sources in `wait`, and the result is
+    /// how long the reactor may sleep before its next timer.
+    pub fn prepare_sleep(&mut self, wait: &WaitSet<'_>) -> Option<Duration> {
+        if !self.inbox.is_empty() {
+            return None;
+        }
+        let mut bound = self.core.sleep_bound()?;
+        for t in &mut self.transports {
+            bound = bound.min(t.prepare_sleep(&self.core, wait)?);
+        }
+        Some(bound)
+    }
+
+    /// After a sleep: transports take their completion events so the sources signal again.
+    pub fn woken(&mut self) {
+        for t in &mut self.transports {
+            t.woken();
+        }
+    }
+
     fn dispatch_wakeups(&mut self) -> usize {
         let mut batch = std::mem::take(&mut self.spare_wakeups);
         self.core.take_wakeups(&mut batch);
@@ -179,5 +221,82 @@ impl PollGroup {
                 break;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::any::Any;
+    use std::sync::atomic::Ordering;
+    use std::time::Instant;
+
+    use nvmf_common::reactor::{IdleMode, Sleeper};
+
+    use super::*;
+    use crate::core::IDLE_SLEEP_MAX_MS;
+
+    /// A transport group with the default `prepare_sleep`: work only polling sees.
+    struct PolledOnly;
+
+    impl TransportPollGroup for PolledOnly {
+        fn poll(&mut self, _core: &mut CoreCtx) -> usize {
+            0
+        }
+        fn resume(&mut self, _tag: ReqTag, _wakeup: Wakeup, _core: &mut CoreCtx) {}
+        fn qpair_count(&self) -> usize {
+            0
+        }
+        fn shutdown(&mut self, _core: &mut CoreCtx) {}
+        fn as_any_mut(&mut self) -> &mut dyn Any {
+            self
+        }
+    }
+
+    #[test]
+    fn a_poll_group_sleeps_only_with_nothing_pending() {
+        let sleeper = Sleeper::new().unwrap();
+        let wait = sleeper.wait_set();
+        let mut pg = PollGroup::new(0, Arc::new(TargetInfo::default()));
+        pg.poll();
+        let idle = Duration::from_millis(IDLE_SLEEP_MAX_MS);
+        assert_eq!(pg.prepare_sleep(&wait), Some(idle));
+        pg.handle().send(|_| {});
+        assert_eq!(pg.prepare_sleep(&wait), None, "a message is waiting");
+        assert_eq!(pg.poll(), 1);
+        assert_eq!(pg.prepare_sleep(&wait), Some(idle));
+        pg.add_transport(|_| Box::new(PolledOnly));
+        assert_eq!(pg.prepare_sleep(&wait), None, "a transport polls");
+    }
+
+    fn wait_for(what: &str, cond: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < Duration::from_secs(20), "never: {what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn messages_wake_an_asleep_reactor_and_a_polled_transport_keeps_it_up() {
+        let info = Arc::new(TargetInfo::default());
+        let (reactors, handles) =
+            crate::reactor::start_reactors(&[0], &info, IdleMode::Adaptive).unwrap();
+        let r = &reactors[0];
+        wait_for("the reactor sleeps", || {
+            r.stats.asleep.load(Ordering::Relaxed)
+        });
+        let (tx, rx) = crossbeam::channel::bounded(1);
+        handles[0].send(move |pg| {
+            pg.add_transport(|_| Box::new(PolledOnly));
+            let _ = tx.send(pg.core.group);
+        });
+        assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(0));
+        assert!(r.waker.wakes() >= 1, "the message had to wake it");
+        // A transport that only polling serves: the reactor stops sleeping.
+        std::thread::sleep(Duration::from_millis(50));
+        let sleeps = r.stats.sleeps.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(r.stats.sleeps.load(Ordering::Relaxed), sleeps);
+        crate::reactor::stop_reactors(reactors);
     }
 }

@@ -12,6 +12,9 @@
 //! wakeup.
 
 use std::any::Any;
+use std::time::Duration;
+
+use nvmf_common::reactor::WaitSet;
 
 use nvmf_common::rdma::RdmaError;
 
@@ -178,6 +181,17 @@ pub trait TransportPollGroup {
     /// Transport-specific messages (new qpairs from an acceptor, ...).
     fn as_any_mut(&mut self) -> &mut dyn Any;
 
+    /// The reactor wants to sleep: arm every completion source (registering new descriptors
+    /// in `wait`) and return how long the group can go without a poll (its next timer), or
+    /// `None` if it has work only polling can see. The default: a group that cannot sleep.
+    fn prepare_sleep(&mut self, core: &CoreCtx, wait: &WaitSet<'_>) -> Option<Duration> {
+        let _ = (core, wait);
+        None
+    }
+
+    /// After a sleep: take the completion sources' events so they signal again.
+    fn woken(&mut self) {}
+
     /// This group's transport-specific `nvmf_get_stats` fields, written next to its "trtype"
     /// (SPDK's optional `poll_group_dump_stat`): none unless the transport has some.
     fn dump_stats(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -230,6 +244,10 @@ impl TransportPollGroup for IdleTransportGroup {
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+
+    fn prepare_sleep(&mut self, _core: &CoreCtx, _wait: &WaitSet<'_>) -> Option<Duration> {
+        Some(Duration::MAX)
     }
 }
 

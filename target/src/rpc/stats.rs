@@ -458,7 +458,9 @@ pub fn framework_get_reactors(c: &mut Control, params: Option<Value>) -> Result<
                 "tid": r.stats.tid.load(Ordering::Relaxed),
                 "busy": busy,
                 "idle": idle,
-                "in_interrupt": false,
+                // Asleep on its completion channels and waker right now (--poll-mode
+                // adaptive); SPDK reports its interrupt mode here.
+                "in_interrupt": r.stats.asleep.load(Ordering::Relaxed),
                 "irq": irq,
                 "sys": sys,
                 "usr": usr,

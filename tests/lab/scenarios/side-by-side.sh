@@ -6,12 +6,20 @@
 # CPU share of the run (rxe is CPU time too: see LAB.md), whole-VM CPU per I/O against the
 # kernel's, and idle CPU with the hosts connected.
 #
+# Ours runs in each idle mode of NVMF_SBS_MODES (default "adaptive pure backoff": sleeping on
+# completion channels, SPDK's pure polling, the old spin/yield/nap back-off), restarted per
+# mode within each repeat; the back-off mode runs only the QD1 job (its latency and idle CPU
+# are what adaptive polling replaces). Each mode gets an idle window with its host connected,
+# and the kernel target one alone. Requests per send doorbell come from nvmf_get_stats taken
+# around each of our runs.
+#
 # Usage: tests/lab/run side-by-side [RUNTIME_SECONDS [REPEATS [IDLE_SECONDS]]]
 #        (default 5 s, 3 repeats, 10 s idle windows)
 # NVMF_SBS_TGT_ARGS: nvmf-tgt's arguments (default "-m 0x1").
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
 lab_init side-by-side
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 runtime=${1:-5}
 repeats=${2:-3}
@@ -37,16 +45,34 @@ knqn=$(lab_nqn kernel)
 
 # Our target: one reactor on vCPU 0, bdev_null, port 4421.
 read -r -a tgt_args <<<"${NVMF_SBS_TGT_ARGS:--m 0x1}"
-nvmf_tgt_start "${tgt_args[@]}"
+read -r -a modes <<<"${NVMF_SBS_MODES:-adaptive pure backoff}"
 onqn=nqn.2016-06.io.spdk:null
-nvmf_rpc nvmf_create_transport -t RDMA >/dev/null
-nvmf_rpc bdev_null_create Null0 1024 4096 >/dev/null
-nvmf_rpc nvmf_create_subsystem "$onqn" -a -s SPDK00000000000002 >/dev/null
-nvmf_rpc nvmf_subsystem_add_ns "$onqn" Null0 >/dev/null
-nvmf_rpc nvmf_subsystem_add_listener "$onqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s 4421 >/dev/null
+
+# ours_up MODE: starts our target idling in MODE and connects the host; sets odev.
+ours_up() {
+    nvmf_tgt_start "${tgt_args[@]}" --poll-mode "$1"
+    nvmf_rpc nvmf_create_transport -t RDMA >/dev/null
+    nvmf_rpc bdev_null_create Null0 1024 4096 >/dev/null
+    nvmf_rpc nvmf_create_subsystem "$onqn" -a -s SPDK00000000000002 >/dev/null
+    nvmf_rpc nvmf_subsystem_add_ns "$onqn" Null0 >/dev/null
+    nvmf_rpc nvmf_subsystem_add_listener "$onqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s 4421 >/dev/null
+    odev=$(lab_nvme_connect "$onqn" "$LAB_ADDR0" 4421)
+}
+
+ours_down() {
+    lab_nvme_disconnect "$onqn"
+    nvmf_tgt_stop
+}
+
+# idle_window NAME: whole-VM CPU over IDLE_SECONDS with nothing running.
+idle_window() {
+    sleep 2
+    lab_cpu_snapshot "$LAB_OUT/idle/$1.cpu0"
+    sleep "$idle_secs"
+    lab_cpu_snapshot "$LAB_OUT/idle/$1.cpu1"
+}
 
 kdev=$(lab_nvme_connect "$knqn" "$LAB_ADDR0" 4420)
-odev=$(lab_nvme_connect "$onqn" "$LAB_ADDR0" 4421)
 
 jobs=(
     "randread-4k-qd1:--rw=randread --bs=4k --iodepth=1"
@@ -54,104 +80,105 @@ jobs=(
     "randwrite-4k-qd32:--rw=randwrite --bs=4k --iodepth=32"
     "read-128k-qd8:--rw=read --bs=128k --iodepth=8"
 )
-mkdir -p "$LAB_OUT/runs"
+mkdir -p "$LAB_OUT/runs" "$LAB_OUT/idle"
 for ((rep = 1; rep <= repeats; rep++)); do
-    # Alternate which target goes first, so drift in the VM does not favour one.
-    if ((rep % 2)); then order=(kernel ours); else order=(ours kernel); fi
-    for job in "${jobs[@]}"; do
-        name=${job%%:*}
-        read -r -a args <<<"${job#*:}"
-        for who in "${order[@]}"; do
-            dev=$kdev
-            [[ $who == ours ]] && dev=$odev
-            base=$LAB_OUT/runs/$name-$who-$rep
-            lab_cpu_snapshot "$base.cpu0"
-            lab_fio "runs/$name-$who-$rep" --filename="$dev" --ioengine=libaio --direct=1 \
-                --runtime="$runtime" --time_based --ramp_time=1 --size=512M "${args[@]}" >/dev/null
-            lab_cpu_snapshot "$base.cpu1"
+    # Alternate the order of modes and of targets, so drift in the VM favours none.
+    phase=("${modes[@]}")
+    if ((rep % 2 == 0)); then
+        phase=()
+        for ((i = ${#modes[@]} - 1; i >= 0; i--)); do phase+=("${modes[i]}"); done
+    fi
+    for mode in "${phase[@]}"; do
+        ours_up "$mode"
+        for job in "${jobs[@]}"; do
+            name=${job%%:*}
+            [[ $mode == backoff && $name != randread-4k-qd1 ]] && continue
+            read -r -a args <<<"${job#*:}"
+            if ((rep % 2)); then order=(kernel "$mode"); else order=("$mode" kernel); fi
+            for who in "${order[@]}"; do
+                dev=$kdev
+                [[ $who != kernel ]] && dev=$odev
+                # The kernel runs once per mode phase: its runs are told apart by the phase.
+                run=$name~$who~$rep-$mode
+                base=$LAB_OUT/runs/$run
+                [[ $who != kernel ]] && nvmf_rpc nvmf_get_stats >"$base.stats0"
+                lab_cpu_snapshot "$base.cpu0"
+                lab_fio "runs/$run" --filename="$dev" --ioengine=libaio --direct=1 \
+                    --runtime="$runtime" --time_based --ramp_time=1 --size=512M "${args[@]}" >/dev/null
+                lab_cpu_snapshot "$base.cpu1"
+                [[ $who != kernel ]] && nvmf_rpc nvmf_get_stats >"$base.stats1"
+            done
         done
+        # Idle with both targets' hosts connected and quiet.
+        idle_window "$mode~$rep"
+        ours_down
     done
+    # The kernel target and its host alone: the difference is what ours and its host cost.
+    idle_window "kernel~$rep"
 done
+lab_nvme_disconnect "$knqn"
 
-# Idle with hosts connected: both targets' hosts connected and quiet; later (below) ours
-# disconnected and stopped while the kernel target and its host stay: the difference is what
-# our target and its connected host cost while idle.
-sleep 2
-lab_cpu_snapshot "$LAB_OUT/idle-both.cpu0"
-sleep "$idle_secs"
-lab_cpu_snapshot "$LAB_OUT/idle-both.cpu1"
+/usr/bin/python3 - "$LAB_OUT" "$wire" "$runtime" "$repeats" "$LAB_DIR" <<'PY' | tee "$LAB_OUT/table.md"
+import glob, os, statistics, sys
+out, wire, runtime, repeats = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+sys.path.insert(0, sys.argv[5])
+from labstats import cpu_busy, fio_totals, rdma_counters
 
-/usr/bin/python3 - "$LAB_OUT/runs" "$wire" "$runtime" "$repeats" <<'PY' | tee "$LAB_OUT/table.md"
-import glob, json, os, statistics, sys
-runs, wire, runtime, repeats = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-
-def cpu_busy(before, after):
-    def load(p):
-        for line in open(p):
-            f = line.split()
-            if f[0] == "cpu":
-                return [int(x) for x in f[1:]]
-    a, b = load(before), load(after)
-    d = [y - x for x, y in zip(a, b)]
-    total = sum(d)
-    return 100.0 * (total - d[3] - d[4]) / total if total else 0.0
-
+runs = os.path.join(out, "runs")
 rows = {}
 for path in glob.glob(os.path.join(runs, "*.json")):
     stem = os.path.basename(path)[:-5]
-    name, who, rep = stem.rsplit("-", 2)
-    text = open(path).read()
-    doc = json.loads(text[text.index("{"):])
-    iops = p99 = 0.0
-    for job in doc["jobs"]:
-        for d in ("read", "write"):
-            r = job[d]
-            if r["total_ios"]:
-                iops += r["iops"]
-                p99 = max(p99, r["clat_ns"]["percentile"]["99.000000"] / 1000)
-    cpu = cpu_busy(os.path.join(runs, stem + ".cpu0"), os.path.join(runs, stem + ".cpu1"))
-    rows.setdefault(name, {}).setdefault(who, []).append((iops, p99, cpu))
+    name, who, _ = stem.split("~")
+    iops, p99, mean, errors = fio_totals(path)
+    if errors:
+        sys.exit(f"run {stem}: fio reported {errors} errors")
+    base = os.path.join(runs, stem)
+    cpu = cpu_busy(base + ".cpu0", base + ".cpu1")
+    per_bell = None
+    if os.path.exists(base + ".stats1"):
+        a, b = rdma_counters(base + ".stats0"), rdma_counters(base + ".stats1")
+        bells = b.get("send_doorbell_updates", 0) - a.get("send_doorbell_updates", 0)
+        reqs = b.get("requests", 0) - a.get("requests", 0)
+        per_bell = reqs / bells if bells else None
+    rows.setdefault(name, {}).setdefault(who, []).append((iops, p99, mean, cpu, per_bell))
 
-med = lambda xs: statistics.median(xs)
-print(f"ib_write_bw 4 KiB on the same link: {wire} msg/s; fio {runtime} s per run, median of {repeats}")
+med = statistics.median
+print(f"ib_write_bw 4 KiB on the same link: {wire} msg/s; fio {runtime} s per run, median of "
+      f"{repeats} repeats (the kernel's runs: of every mode phase)")
 print()
-print("| job | kernel IOPS | ours IOPS | ours/kernel | kernel p99 us | ours p99 us | kernel CPU % | ours CPU % | CPU per I/O ours/kernel | ours IOPS / wire msg rate |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| job | target | IOPS | vs kernel | mean lat us | p99 us | VM CPU % | CPU per I/O vs kernel | requests per send doorbell | IOPS / wire msg rate |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 order = ["randread-4k-qd1", "randread-4k-qd32", "randwrite-4k-qd32", "read-128k-qd8"]
 for name in order:
-    k, o = rows.get(name, {}).get("kernel", []), rows.get(name, {}).get("ours", [])
-    if not k or not o:
+    by = rows.get(name, {})
+    k = by.get("kernel")
+    if not k:
         continue
-    ki, oi = med([x[0] for x in k]), med([x[0] for x in o])
-    # Whole-VM busy share over IOPS: CPU per I/O (the same runtime and vCPUs for both).
-    kc, oc = med([x[2] / x[0] for x in k if x[0]]), med([x[2] / x[0] for x in o if x[0]])
-    print(f"| {name} | {ki:.0f} | {oi:.0f} | {oi / ki:.2f} | {med([x[1] for x in k]):.0f} | "
-          f"{med([x[1] for x in o]):.0f} | {med([x[2] for x in k]):.0f} | {med([x[2] for x in o]):.0f} | "
-          f"{oc / kc:.2f} | {oi / wire:.2f} |")
-PY
+    ki = med([x[0] for x in k])
+    kc = med([x[3] / x[0] for x in k if x[0]])
+    for who in ["kernel"] + [w for w in ("adaptive", "pure", "backoff") if w in by]:
+        xs = by[who]
+        iops = med([x[0] for x in xs])
+        per_io = med([x[3] / x[0] for x in xs if x[0]])
+        bells = [x[4] for x in xs if x[4] is not None]
+        bell = f"{med(bells):.2f}" if bells else "-"
+        print(f"| {name} | {who} | {iops:.0f} | {iops / ki:.2f} | {med([x[2] for x in xs]):.0f} | "
+              f"{med([x[1] for x in xs]):.0f} | {med([x[3] for x in xs]):.0f} | {per_io / kc:.2f} | "
+              f"{bell} | {iops / wire:.2f} |")
 
-lab_nvme_disconnect "$onqn"
-nvmf_tgt_stop
-sleep 2
-lab_cpu_snapshot "$LAB_OUT/idle-kernel.cpu0"
-sleep "$idle_secs"
-lab_cpu_snapshot "$LAB_OUT/idle-kernel.cpu1"
-/usr/bin/python3 - "$LAB_OUT" <<'PY' | tee -a "$LAB_OUT/table.md"
-import os, sys
-out = sys.argv[1]
-def busy(stem):
-    def load(p):
-        for line in open(p):
-            f = line.split()
-            if f[0] == "cpu":
-                return [int(x) for x in f[1:]]
-    a, b = load(os.path.join(out, stem + ".cpu0")), load(os.path.join(out, stem + ".cpu1"))
-    d = [y - x for x, y in zip(a, b)]
-    return 100.0 * (sum(d) - d[3] - d[4]) / sum(d) if sum(d) else 0.0
-both, kernel = busy("idle-both"), busy("idle-kernel")
-print()
-print(f"idle, whole VM: {kernel:.1f}% with the kernel target and its host connected; "
-      f"{both:.1f}% with ours and its host connected too (ours adds {both - kernel:.1f} points)")
+idle = {}
+for path in glob.glob(os.path.join(out, "idle", "*.cpu0")):
+    stem = path[:-5]
+    who = os.path.basename(stem).split("~")[0]
+    idle.setdefault(who, []).append(cpu_busy(stem + ".cpu0", stem + ".cpu1"))
+if "kernel" in idle:
+    kernel = med(idle["kernel"])
+    print()
+    print(f"idle, whole VM, median: {kernel:.1f}% with the kernel target and its host connected")
+    for who in ("adaptive", "pure", "backoff"):
+        if who in idle:
+            both = med(idle[who])
+            print(f"- with ours ({who}) and its host connected too: {both:.1f}% "
+                  f"(ours adds {both - kernel:.1f} points)")
 PY
-lab_nvme_disconnect "$knqn"
 lab_pass "side-by-side table in $LAB_OUT/table.md"

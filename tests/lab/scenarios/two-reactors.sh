@@ -15,6 +15,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
 lab_init two-reactors
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 runtime=${1:-5}
 repeats=${2:-2}
@@ -68,29 +69,21 @@ for mask in 0x1 0x3; do
     nvmf_tgt_stop
 done
 
-/usr/bin/python3 - "$LAB_OUT" "$runtime" "$repeats" >"$LAB_OUT/table.md" <<'PY' ||
+/usr/bin/python3 - "$LAB_OUT" "$runtime" "$repeats" "$LAB_DIR" >"$LAB_OUT/table.md" <<'PY' ||
 import glob, json, os, statistics, sys
 out, runtime, repeats = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, sys.argv[4])
+from labstats import cpu_busy, fio_totals
 runs = os.path.join(out, "runs")
 
 def busy(stem):
-    def load(p):
-        for line in open(p):
-            f = line.split()
-            if f[0] == "cpu":
-                return [int(x) for x in f[1:]]
-    a, b = load(os.path.join(runs, stem + ".cpu0")), load(os.path.join(runs, stem + ".cpu1"))
-    d = [y - x for x, y in zip(a, b)]
-    return 100.0 * (sum(d) - d[3] - d[4]) / sum(d) if sum(d) else 0.0
+    return cpu_busy(os.path.join(runs, stem + ".cpu0"), os.path.join(runs, stem + ".cpu1"))
 
 rows = {}
 for path in glob.glob(os.path.join(runs, "*.json")):
     stem = os.path.basename(path)[:-5]
     layout, mask, rep = stem.rsplit("-", 2)
-    text = open(path).read()
-    doc = json.loads(text[text.index("{"):])
-    iops = sum(j["read"]["iops"] for j in doc["jobs"])
-    errors = sum(j.get("error", 0) for j in doc["jobs"])
+    iops, _, _, errors = fio_totals(path)
     if iops <= 0 or errors:
         print(f"run {stem}: {iops} IOPS, {errors} errors", file=sys.stderr)
         sys.exit(1)

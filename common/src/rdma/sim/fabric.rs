@@ -58,6 +58,10 @@ pub(crate) struct CqState {
     pub entries: VecDeque<WorkCompletion>,
     /// A completion did not fit: nothing more is queued and `poll` fails once drained.
     pub overrun: bool,
+    /// The completion channel's writing end (CQs made with one), and whether the CQ is
+    /// armed: its next completion writes one event and disarms it, as `ibv_req_notify_cq`.
+    pub channel: Option<std::os::unix::net::UnixStream>,
+    pub armed: bool,
 }
 
 pub(crate) struct RecvWqe {
@@ -622,6 +626,14 @@ impl FabricState {
         }
         self.stats.cqes += 1;
         c.entries.push_back(wc);
+        if c.armed {
+            c.armed = false;
+            if let Some(channel) = &c.channel {
+                use std::io::Write as _;
+                // Non-blocking; a full socket already holds unread events.
+                let _ = (&*channel).write(&[1]);
+            }
+        }
     }
 
     // ---- channels ----

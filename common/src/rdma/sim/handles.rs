@@ -81,28 +81,12 @@ impl Verbs for SimVerbs {
     }
 
     fn create_cq(ctx: &Arc<SimContext>, cqe: u32) -> Result<Arc<SimCq>> {
-        if cqe == 0 {
-            return Err(RdmaError::CreateCq(os(libc::EINVAL)));
-        }
-        let id = {
-            let mut st = ctx.fabric.lock();
-            let cap = cqe.min(st.hosts[ctx.host].attr.max_cqe);
-            let id = st.alloc_id();
-            st.cqs.insert(
-                id,
-                CqState {
-                    host: ctx.host,
-                    cap,
-                    entries: Default::default(),
-                    overrun: false,
-                },
-            );
-            id
-        };
-        Ok(Arc::new(SimCq {
-            ctx: ctx.clone(),
-            id,
-        }))
+        create_sim_cq(ctx, cqe, false)
+    }
+
+    /// A completion channel made of a socket pair: the CQ writes a byte for each event.
+    fn create_cq_with_channel(ctx: &Arc<SimContext>, cqe: u32) -> Result<Arc<SimCq>> {
+        create_sim_cq(ctx, cqe, true)
     }
 
     fn create_srq(pd: &Arc<SimPd>, max_wr: u32, max_sge: u32) -> Result<Arc<SimSrq>> {
@@ -343,9 +327,51 @@ impl Drop for SimMr {
 
 // ---- completion queue ----
 
+fn create_sim_cq(ctx: &Arc<SimContext>, cqe: u32, with_channel: bool) -> Result<Arc<SimCq>> {
+    if cqe == 0 {
+        return Err(RdmaError::CreateCq(os(libc::EINVAL)));
+    }
+    let channel = if with_channel {
+        let (reader, writer) =
+            std::os::unix::net::UnixStream::pair().map_err(RdmaError::CreateCompChannel)?;
+        for end in [&reader, &writer] {
+            end.set_nonblocking(true)
+                .map_err(RdmaError::CreateCompChannel)?;
+        }
+        Some((reader, writer))
+    } else {
+        None
+    };
+    let (reader, writer) = channel.map_or((None, None), |(r, w)| (Some(r), Some(w)));
+    let id = {
+        let mut st = ctx.fabric.lock();
+        let cap = cqe.min(st.hosts[ctx.host].attr.max_cqe);
+        let id = st.alloc_id();
+        st.cqs.insert(
+            id,
+            CqState {
+                host: ctx.host,
+                cap,
+                entries: Default::default(),
+                overrun: false,
+                channel: writer,
+                armed: false,
+            },
+        );
+        id
+    };
+    Ok(Arc::new(SimCq {
+        ctx: ctx.clone(),
+        id,
+        channel: reader,
+    }))
+}
+
 pub struct SimCq {
     ctx: Arc<SimContext>,
     id: ObjId,
+    /// The completion channel's reading end, if the CQ has one.
+    channel: Option<std::os::unix::net::UnixStream>,
 }
 
 impl SimCq {
@@ -411,6 +437,31 @@ impl VerbsCq for SimCq {
         let id = self.id;
         st.trace(|| format!("cq {id} resized to {cqe}"));
         Ok(cqe)
+    }
+
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd as _;
+        self.channel.as_ref().map(|c| c.as_raw_fd())
+    }
+
+    fn arm(&self) -> Result<()> {
+        let mut st = self.ctx.fabric.lock();
+        if let Some(cq) = st.cqs.get_mut(&self.id) {
+            cq.armed = self.channel.is_some();
+        }
+        Ok(())
+    }
+
+    fn take_events(&self) -> Result<u32> {
+        use std::io::Read as _;
+        let Some(channel) = &self.channel else {
+            return Ok(0);
+        };
+        let (mut n, mut buf) = (0u32, [0u8; 64]);
+        while let Ok(got @ 1..) = (&*channel).read(&mut buf) {
+            n += got as u32;
+        }
+        Ok(n)
     }
 }
 

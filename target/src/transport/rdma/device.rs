@@ -80,6 +80,9 @@ pub struct DeviceResources<V: Verbs> {
     /// Polling the CQ failed (an overrun or a device error): every qpair on it is closed and
     /// the device's resources are rebuilt once the last one is gone.
     pub failed: bool,
+    /// The CQ's completion channel is registered with the reactor's sleep (once per CQ: a
+    /// rebuilt device starts unregistered).
+    pub wake_registered: bool,
     /// Data buffers one qpair may hold per class (small, large): a quarter of the pool, at
     /// least 16, so a host that stops taking its data cannot pin a whole pool and at least
     /// four qpairs always make progress. Third: capsule buffers it may execute from (an
@@ -105,7 +108,7 @@ impl<V: Verbs> DeviceResources<V> {
                 "the device's completion queues hold {cq_capacity} entries, too few for a receive queue of {srq_depth}"
             ));
         }
-        let cq = V::create_cq(&ctx, cq_capacity).map_err(|e| e.to_string())?;
+        let cq = V::create_cq_with_channel(&ctx, cq_capacity).map_err(|e| e.to_string())?;
         let srq = V::create_srq(&pd, srq_depth, 2).map_err(|e| e.to_string())?;
         let in_capsule = opts.in_capsule_data_size;
         let recv_cmds = DmaBuf::new(&pd, srq_depth as usize * SQE_LEN, AccessFlags::LOCAL_WRITE)
@@ -164,6 +167,7 @@ impl<V: Verbs> DeviceResources<V> {
             cq_reserved: srq_depth,
             max_cqe: attr.max_cqe,
             failed: false,
+            wake_registered: false,
             share: [
                 (small_count / 4).max(16).min(small_count),
                 (count / 4).max(16).min(count),

@@ -6,6 +6,7 @@ use nvmf_common::rdma::{
     AccessFlags, AsyncEvent, AsyncEventKind, CmEventKind, CmIdToken, ConnParams, DmaBuf, QpCaps,
     RealVerbs, SendWr, Verbs, VerbsCmId, VerbsContext, VerbsCq, VerbsQp, WcStatus, WorkCompletion,
 };
+use nvmf_common::reactor::WaitSet;
 use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmRejectStatus};
 use nvmf_common::spec::sgl::SglKind;
 use nvmf_common::spec::Status;
@@ -14,6 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use zerocopy::IntoBytes;
 
 use super::device::DeviceResources;
@@ -29,7 +31,7 @@ use super::wait_queue::{WaitQueue, Waiter};
 use super::NewConnection;
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
-use crate::core::CoreCtx;
+use crate::core::{CoreCtx, TICK_MS};
 use crate::transport::options::TransportOptions;
 use crate::transport::{TransportLimits, TransportPollGroup};
 
@@ -951,6 +953,44 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+
+    /// Arms each device's CQ (registering its completion channel on first use). Watched
+    /// qpairs and failed devices need the housekeeping tick, so they bound the sleep to it;
+    /// new connections, CM and async events come as poll group messages, which wake the
+    /// reactor themselves.
+    fn prepare_sleep(&mut self, _core: &CoreCtx, wait: &WaitSet<'_>) -> Option<Duration> {
+        let mut bound = Duration::MAX;
+        for dev in &mut self.devices {
+            if dev.failed {
+                bound = bound.min(Duration::from_millis(TICK_MS));
+                continue;
+            }
+            let fd = dev.cq.wake_fd()?;
+            if !dev.wake_registered {
+                if let Err(e) = wait.watch(fd) {
+                    tracing::warn!("cannot sleep on a completion channel, polling instead: {e}");
+                    return None;
+                }
+                dev.wake_registered = true;
+            }
+            if let Err(e) = dev.cq.arm() {
+                tracing::warn!("cannot arm a completion queue, polling instead: {e}");
+                return None;
+            }
+        }
+        if !self.watch.is_empty() {
+            bound = bound.min(Duration::from_millis(TICK_MS));
+        }
+        Some(bound)
+    }
+
+    fn woken(&mut self) {
+        for dev in &self.devices {
+            if let Err(e) = dev.cq.take_events() {
+                tracing::warn!("reading completion events failed: {e}");
+            }
+        }
     }
 
     /// SPDK's RDMA layout (`nvmf_rdma_poll_group_dump_stat`): pending_data_buffer, then per

@@ -4,14 +4,20 @@
 //! The model, as in SPDK: a reactor never blocks and never shares mutable state. Work arrives by
 //! polling (completion queues, bdev channels) or as messages on lock-free queues owned by the
 //! polled state itself. A turn that found no work counts as idle. While work flows the reactor
-//! spins; once idle for 100 µs it yields its core between turns, and after 50 ms it naps 100 µs
-//! per turn. The syscalls happen only when there is nothing to do, and they matter: on
-//! soft-RoCE the NIC is made of the same CPUs, and a reactor spinning at 100% starves it.
+//! spins. What it does once idle is its [`IdleMode`]: by default it sleeps until a completion,
+//! a message or its next timer ([`sleep`]); the back-off mode yields its core between turns
+//! after 100 µs and naps 100 µs per turn after 50 ms; pure polling never lets go. The syscalls
+//! happen only when there is nothing to do, and they matter: on soft-RoCE the NIC is made of
+//! the same CPUs, and a reactor spinning at 100% starves it.
+
+pub mod sleep;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+pub use sleep::{IdleMode, ReactorWaker, Sleeper, WaitSet};
 
 /// What a reactor polls.
 pub trait Pollable {
@@ -19,6 +25,17 @@ pub trait Pollable {
     fn poll(&mut self) -> usize;
     /// Called once when the reactor stops, on the reactor thread.
     fn shutdown(&mut self) {}
+    /// The reactor is idle and wants to sleep: arm every source of work that signals a
+    /// descriptor (registering new ones in `wait`) and return the longest the reactor may
+    /// sleep (the next timer). `None` when some work can only be seen by polling (the
+    /// reactor then backs off instead). The reactor polls once more before it sleeps.
+    fn prepare_sleep(&mut self, wait: &WaitSet<'_>) -> Option<Duration> {
+        let _ = wait;
+        None
+    }
+    /// After a sleep (or an attempt that found work): take and acknowledge the events of
+    /// the armed sources, so their descriptors signal again.
+    fn woken(&mut self) {}
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -92,6 +109,12 @@ pub struct ReactorStats {
     pub idle_ns: AtomicU64,
     /// The reactor thread's OS thread id (0 until it started).
     pub tid: AtomicU64,
+    /// Times it slept waiting for work ([`IdleMode::Adaptive`]) and the times a completion
+    /// or message (not a timer) ended the sleep.
+    pub sleeps: AtomicU64,
+    pub woken_early: AtomicU64,
+    /// Whether it is asleep now (SPDK's `in_interrupt`).
+    pub asleep: AtomicBool,
 }
 
 /// The calling thread's OS thread id, read from `/proc/thread-self` (0 where there is none).
@@ -110,27 +133,39 @@ const YIELD_AFTER: Duration = Duration::from_micros(100);
 /// Idle this long, it naps between turns: an idle target costs (almost) no CPU.
 const NAP_AFTER: Duration = Duration::from_millis(50);
 const NAP: Duration = Duration::from_micros(100);
+/// Idle this long, an adaptive reactor tries to sleep. Short: a sleep costs two syscalls and
+/// a wake-up, a spin costs the core (and, on soft-RoCE, the NIC's CPU).
+const SLEEP_AFTER: Duration = Duration::from_micros(20);
 
 /// A running reactor thread.
 pub struct Reactor {
     pub core: usize,
     pub stats: Arc<ReactorStats>,
+    /// Queue work for the reactor, then call `wake` on this.
+    pub waker: Arc<ReactorWaker>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Reactor {
     /// Starts a reactor pinned to `core`. `make` runs on the new thread (the polled state is
-    /// usually not `Send`); it returns the state and a value handed back to the caller, such as
-    /// the state's message handle.
-    pub fn spawn<S, H, F>(core: usize, name: String, make: F) -> std::io::Result<(Self, H)>
+    /// usually not `Send`) with the reactor's waker (for the state's message handles); it
+    /// returns the state and a value handed back to the caller, such as such a handle.
+    pub fn spawn<S, H, F>(
+        core: usize,
+        name: String,
+        mode: IdleMode,
+        make: F,
+    ) -> std::io::Result<(Self, H)>
     where
         S: Pollable + 'static,
         H: Send + 'static,
-        F: FnOnce() -> (S, H) + Send + 'static,
+        F: FnOnce(&Arc<ReactorWaker>) -> (S, H) + Send + 'static,
     {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(ReactorStats::default());
+        let mut sleeper = Sleeper::new()?;
+        let waker = Arc::clone(sleeper.waker());
         let (tx, rx) = crossbeam::channel::bounded(1);
         let thread = {
             let stop = Arc::clone(&stop);
@@ -140,9 +175,9 @@ impl Reactor {
                     tracing::warn!(core, "could not pin reactor to its core");
                 }
                 stats.tid.store(current_tid(), Ordering::Relaxed);
-                let (mut state, handle) = make();
+                let (mut state, handle) = make(sleeper.waker());
                 let _ = tx.send(handle);
-                run(&mut state, &stop, &stats);
+                run(&mut state, &stop, &stats, mode, &mut sleeper);
                 state.shutdown();
             })?
         };
@@ -153,6 +188,7 @@ impl Reactor {
             Self {
                 core,
                 stats,
+                waker,
                 stop,
                 thread: Some(thread),
             },
@@ -169,6 +205,7 @@ impl Reactor {
     /// Asks the reactor to stop after its current turn; `join` waits for it.
     pub fn request_stop(&self) {
         self.stop.store(true, Ordering::Release);
+        self.waker.wake();
     }
 
     pub fn join(mut self) {
@@ -181,77 +218,134 @@ impl Reactor {
     }
 }
 
-fn run<S: Pollable>(state: &mut S, stop: &AtomicBool, stats: &ReactorStats) {
+fn run<S: Pollable>(
+    state: &mut S,
+    stop: &AtomicBool,
+    stats: &ReactorStats,
+    mode: IdleMode,
+    sleeper: &mut Sleeper,
+) {
     let mut idle: u32 = 0;
-    let mut idle_since: Option<Instant> = None;
-    let (mut busy_turns, mut idle_turns) = (0u64, 0u64);
-    // Time accounting: the start of the period not yet added to busy_ns or idle_ns. The
-    // period is idle from `idle_since` on, busy before it.
-    let mut period_start = Instant::now();
-    let (mut busy_ns, mut idle_ns) = (0u64, 0u64);
-    let ns = |from: Instant, to: Instant| to.saturating_duration_since(from).as_nanos() as u64;
+    let mut clock = TurnClock::new();
     while !stop.load(Ordering::Relaxed) {
+        let mut published = false;
         if state.poll() > 0 {
             idle = 0;
-            if let Some(since) = idle_since.take() {
-                let now = Instant::now();
-                // A flush during the streak already counted its start.
-                idle_ns += ns(since.max(period_start), now);
-                period_start = now;
-            }
-            busy_turns += 1;
+            clock.busy_turn();
         } else {
             idle = idle.saturating_add(1);
-            idle_turns += 1;
+            clock.idle_turns += 1;
             if idle >= IDLE_TURNS_BEFORE_CLOCK {
-                let since = *idle_since.get_or_insert_with(|| {
-                    let now = Instant::now();
-                    busy_ns += ns(period_start, now);
-                    period_start = now;
-                    now
-                });
-                let waited = since.elapsed();
-                if waited >= NAP_AFTER {
-                    std::thread::sleep(NAP);
-                } else if waited >= YIELD_AFTER {
-                    std::thread::yield_now();
+                let waited = clock.idle_for();
+                let slept = if mode == IdleMode::Adaptive && waited >= SLEEP_AFTER {
+                    sleeper.try_sleep(state, stats)
+                } else {
+                    None
+                };
+                match slept {
+                    // The poll after arming found work: the idle streak is over.
+                    Some(work) if work > 0 => {
+                        idle = 0;
+                        clock.busy_turn();
+                    }
+                    // A sleep is long next to a turn: publish now, not 1024 sleeps later.
+                    Some(_) => {
+                        clock.publish(stats, sleeper);
+                        published = true;
+                    }
+                    None if mode == IdleMode::Pure => {}
+                    None if waited >= NAP_AFTER => std::thread::sleep(NAP),
+                    None if waited >= YIELD_AFTER => std::thread::yield_now(),
+                    None => {}
                 }
             }
         }
         // Publish counters in batches: one relaxed store per 1024 turns, not per turn.
-        if (busy_turns + idle_turns) & 1023 == 0 {
-            flush_time(&mut period_start, idle_since, &mut busy_ns, &mut idle_ns);
-            stats.busy_turns.store(busy_turns, Ordering::Relaxed);
-            stats.idle_turns.store(idle_turns, Ordering::Relaxed);
-            stats.busy_ns.store(busy_ns, Ordering::Relaxed);
-            stats.idle_ns.store(idle_ns, Ordering::Relaxed);
+        if !published && (clock.busy_turns + clock.idle_turns) & 1023 == 0 {
+            clock.publish(stats, sleeper);
         }
     }
-    flush_time(&mut period_start, idle_since, &mut busy_ns, &mut idle_ns);
-    stats.busy_turns.store(busy_turns, Ordering::Relaxed);
-    stats.idle_turns.store(idle_turns, Ordering::Relaxed);
-    stats.busy_ns.store(busy_ns, Ordering::Relaxed);
-    stats.idle_ns.store(idle_ns, Ordering::Relaxed);
+    clock.publish(stats, sleeper);
 }
 
-/// Adds the time since `period_start` to busy or idle (idle once the current idle streak
-/// started looking at the clock) and starts a new period now.
-fn flush_time(
-    period_start: &mut Instant,
+/// Busy/idle turns and time of one reactor, kept on its thread and published in batches.
+///
+/// Time is split at the moments the reactor reads the clock anyway: a streak of idle turns
+/// long enough to look at it, work arriving after such a streak, and publishing.
+struct TurnClock {
+    busy_turns: u64,
+    idle_turns: u64,
+    busy_ns: u64,
+    idle_ns: u64,
+    /// The start of the period not yet added to busy_ns or idle_ns. The period is idle from
+    /// `idle_since` on, busy before it.
+    period_start: Instant,
     idle_since: Option<Instant>,
-    busy_ns: &mut u64,
-    idle_ns: &mut u64,
-) {
-    let now = Instant::now();
-    match idle_since {
-        Some(since) if since > *period_start => {
-            *busy_ns += since.duration_since(*period_start).as_nanos() as u64;
-            *idle_ns += now.saturating_duration_since(since).as_nanos() as u64;
+}
+
+impl TurnClock {
+    fn new() -> Self {
+        Self {
+            busy_turns: 0,
+            idle_turns: 0,
+            busy_ns: 0,
+            idle_ns: 0,
+            period_start: Instant::now(),
+            idle_since: None,
         }
-        Some(_) => *idle_ns += now.saturating_duration_since(*period_start).as_nanos() as u64,
-        None => *busy_ns += now.saturating_duration_since(*period_start).as_nanos() as u64,
     }
-    *period_start = now;
+
+    /// A turn did work; an idle streak that was looking at the clock ends now.
+    fn busy_turn(&mut self) {
+        self.busy_turns += 1;
+        if let Some(since) = self.idle_since.take() {
+            let now = Instant::now();
+            // A publish during the streak already counted its start.
+            self.idle_ns += nanos(since.max(self.period_start), now);
+            self.period_start = now;
+        }
+    }
+
+    /// How long the current idle streak has lasted (it starts now if it was not timed yet).
+    fn idle_for(&mut self) -> Duration {
+        let since = match self.idle_since {
+            Some(since) => since,
+            None => {
+                let now = Instant::now();
+                self.busy_ns += nanos(self.period_start, now);
+                self.period_start = now;
+                self.idle_since = Some(now);
+                now
+            }
+        };
+        since.elapsed()
+    }
+
+    /// Adds the time since the period's start to busy or idle and stores every counter.
+    fn publish(&mut self, stats: &ReactorStats, sleeper: &Sleeper) {
+        let now = Instant::now();
+        match self.idle_since {
+            Some(since) if since > self.period_start => {
+                self.busy_ns += nanos(self.period_start, since);
+                self.idle_ns += nanos(since, now);
+            }
+            Some(_) => self.idle_ns += nanos(self.period_start, now),
+            None => self.busy_ns += nanos(self.period_start, now),
+        }
+        self.period_start = now;
+        stats.busy_turns.store(self.busy_turns, Ordering::Relaxed);
+        stats.idle_turns.store(self.idle_turns, Ordering::Relaxed);
+        stats.busy_ns.store(self.busy_ns, Ordering::Relaxed);
+        stats.idle_ns.store(self.idle_ns, Ordering::Relaxed);
+        stats.sleeps.store(sleeper.sleeps, Ordering::Relaxed);
+        stats
+            .woken_early
+            .store(sleeper.woken_early, Ordering::Relaxed);
+    }
+}
+
+fn nanos(from: Instant, to: Instant) -> u64 {
+    to.saturating_duration_since(from).as_nanos() as u64
 }
 
 #[cfg(test)]
@@ -311,7 +405,8 @@ mod tests {
 
     #[test]
     fn a_reactor_that_panics_is_seen_dead_and_a_stopped_one_is_not() {
-        let (dead, ()) = Reactor::spawn(0, "dies".into(), || (Panics, ())).unwrap();
+        let (dead, ()) =
+            Reactor::spawn(0, "dies".into(), IdleMode::Adaptive, |_| (Panics, ())).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !dead.died() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
@@ -320,7 +415,7 @@ mod tests {
         let turns = Arc::new(AtomicU64::new(0));
         let shut = Arc::new(AtomicBool::new(false));
         let (t, s) = (Arc::clone(&turns), Arc::clone(&shut));
-        let (alive, ()) = Reactor::spawn(0, "lives".into(), move || {
+        let (alive, ()) = Reactor::spawn(0, "lives".into(), IdleMode::Adaptive, move |_| {
             let state = Counter {
                 turns: t,
                 work_left: 0,
@@ -344,17 +439,18 @@ mod tests {
         let turns = Arc::new(AtomicU64::new(0));
         let shut = Arc::new(AtomicBool::new(false));
         let (t, s) = (Arc::clone(&turns), Arc::clone(&shut));
-        let (reactor, handle) = Reactor::spawn(0, "test-reactor".into(), move || {
-            (
-                Counter {
-                    turns: t,
-                    work_left: 5,
-                    shut: s,
-                },
-                42u32,
-            )
-        })
-        .unwrap();
+        let (reactor, handle) =
+            Reactor::spawn(0, "test-reactor".into(), IdleMode::Adaptive, move |_| {
+                (
+                    Counter {
+                        turns: t,
+                        work_left: 5,
+                        shut: s,
+                    },
+                    42u32,
+                )
+            })
+            .unwrap();
         assert_eq!(handle, 42);
         while turns.load(Ordering::Relaxed) < 100 {
             std::thread::yield_now();
@@ -373,15 +469,16 @@ mod tests {
         let turns = Arc::new(AtomicU64::new(0));
         let shut = Arc::new(AtomicBool::new(false));
         let (t, s) = (Arc::clone(&turns), Arc::clone(&shut));
-        let (reactor, ()) = Reactor::spawn(0, "idle-reactor".into(), move || {
-            let state = Counter {
-                turns: t,
-                work_left: 0,
-                shut: s,
-            };
-            (state, ())
-        })
-        .unwrap();
+        let (reactor, ()) =
+            Reactor::spawn(0, "idle-reactor".into(), IdleMode::Backoff, move |_| {
+                let state = Counter {
+                    turns: t,
+                    work_left: 0,
+                    shut: s,
+                };
+                (state, ())
+            })
+            .unwrap();
         std::thread::sleep(Duration::from_millis(200));
         let stats = Arc::clone(&reactor.stats);
         reactor.join();
