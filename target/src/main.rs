@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use clap::{ArgAction, Parser};
-use nvmf_common::reactor::IdleMode;
 use nvmf_common::reactor::{check_cores, parse_core_mask};
+use nvmf_common::reactor::{IdleMode, IdlePolicy};
 use nvmf_target::core::TargetInfo;
 use nvmf_target::reactor::{start_reactors, stop_reactors};
 use nvmf_target::rpc::app::KillSignal;
@@ -101,10 +101,18 @@ struct Args {
     /// Serve no JSON-RPC at all (a -c config sets the target up).
     #[arg(long = "no-rpc-server")]
     no_rpc_server: bool,
-    /// What an idle reactor does: adaptive (spin 20 µs, then sleep until a completion, a
+    /// What an idle reactor does: adaptive (spin a while, then sleep until a completion, a
     /// message or a timer), pure (spin always, as SPDK's default), backoff (spin, yield, nap).
     #[arg(long = "poll-mode", value_name = "MODE", default_value = "adaptive")]
     poll_mode: IdleMode,
+    /// Adaptive mode: the longest a reactor spins (yielding) before it sleeps; it spins for
+    /// twice the typical gap between bursts of work, up to this. 0: sleep after 20 µs.
+    #[arg(
+        long = "max-spin-us",
+        value_name = "MICROSECONDS",
+        default_value_t = 2000
+    )]
+    max_spin_us: u64,
     #[command(flatten)]
     ignored: IgnoredSpdkFlags,
 }
@@ -350,8 +358,15 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let info = Arc::new(TargetInfo::default());
-    let (reactors, handles) =
-        start_reactors(&cores, &info, args.poll_mode).context("cannot start reactors")?;
+    let (reactors, handles) = start_reactors(
+        &cores,
+        &info,
+        IdlePolicy {
+            mode: args.poll_mode,
+            max_spin: Duration::from_micros(args.max_spin_us),
+        },
+    )
+    .context("cannot start reactors")?;
     let mut target = Target::new(Arc::clone(&info));
     for h in handles {
         target.add_poll_group(h);

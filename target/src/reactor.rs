@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use nvmf_common::reactor::{IdleMode, Pollable, Reactor, WaitSet};
+use nvmf_common::reactor::{IdlePolicy, Pollable, Reactor, WaitSet};
 
 use crate::core::{PollGroup, PollGroupHandle, TargetInfo};
 
@@ -28,24 +28,30 @@ impl Pollable for ReactorState {
     }
 }
 
-/// Starts one pinned reactor per core, each with its poll group, idling as `mode` says;
+/// Starts one pinned reactor per core, each with its poll group, idling as `idle` says;
 /// returns the reactors and the poll groups' message handles, in core order.
 pub fn start_reactors(
     cores: &[usize],
     info: &Arc<TargetInfo>,
-    mode: IdleMode,
+    idle: impl Into<IdlePolicy>,
 ) -> std::io::Result<(Vec<Reactor>, Vec<PollGroupHandle>)> {
+    let idle = idle.into();
     let mut reactors = Vec::with_capacity(cores.len());
     let mut handles = Vec::with_capacity(cores.len());
     for (index, &core) in cores.iter().enumerate() {
         let info = Arc::clone(info);
         let name = format!("reactor_{core}");
-        let (reactor, handle) = Reactor::spawn(core, name, mode, move |waker| {
+        let (reactor, handle) = Reactor::spawn(core, name, idle, move |waker| {
             let pg = PollGroup::with_waker(index, info, Some(std::sync::Arc::clone(waker)));
             let handle = pg.handle();
             (ReactorState(pg), handle)
         })?;
-        tracing::info!(core, mode = mode.as_str(), "reactor started");
+        tracing::info!(
+            core,
+            mode = idle.mode.as_str(),
+            max_spin_us = idle.max_spin.as_micros() as u64,
+            "reactor started"
+        );
         reactors.push(reactor);
         handles.push(handle);
     }

@@ -133,9 +133,64 @@ const YIELD_AFTER: Duration = Duration::from_micros(100);
 /// Idle this long, it naps between turns: an idle target costs (almost) no CPU.
 const NAP_AFTER: Duration = Duration::from_millis(50);
 const NAP: Duration = Duration::from_micros(100);
-/// Idle this long, an adaptive reactor tries to sleep. Short: a sleep costs two syscalls and
-/// a wake-up, a spin costs the core (and, on soft-RoCE, the NIC's CPU).
+/// The shortest an adaptive reactor spins before it sleeps: a sleep costs two syscalls and a
+/// wake-up, a spin costs the core (and, on soft-RoCE, the NIC's CPU).
 const SLEEP_AFTER: Duration = Duration::from_micros(20);
+/// The longest it spins (yielding) before it sleeps, by default: see [`SpinWindow`].
+pub const DEFAULT_MAX_SPIN: Duration = Duration::from_millis(2);
+
+/// How long an adaptive reactor spins before it sleeps: twice the typical gap between the
+/// end of its work and the next work (a moving average), between [`SLEEP_AFTER`] and a cap.
+///
+/// A host at queue depth 1 sends its next command one round trip after our response: gaps
+/// all alike, so the reactor spins through them and answers as fast as pure polling (a
+/// wake-up costs tens of microseconds on hardware, far more under emulation). Under load the
+/// gaps are mostly zero-length and the window shrinks, so a lull soon ends in sleep and the
+/// core goes to whatever else needs it (on soft-RoCE, the NIC). Idle, one window is spun once,
+/// then the reactor sleeps until work or its timer.
+struct SpinWindow {
+    typical_gap_ns: u64,
+    max: Duration,
+}
+
+impl SpinWindow {
+    fn new(max: Duration) -> Self {
+        Self {
+            typical_gap_ns: 0,
+            max,
+        }
+    }
+
+    /// Work came back `gap` after the reactor ran out of it (zero for a gap too short to
+    /// time). Gaps longer than the cap count as twice the cap: a night of idleness must not
+    /// pin the window at its cap for the next hour of load.
+    fn learn(&mut self, gap: Duration) {
+        let cap = 2 * self.max.as_nanos() as u64;
+        let gap = (gap.as_nanos() as u64).min(cap) as i64;
+        let avg = self.typical_gap_ns as i64;
+        self.typical_gap_ns = (avg + (gap - avg) / 8) as u64;
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_nanos(2 * self.typical_gap_ns).clamp(SLEEP_AFTER, self.max.max(SLEEP_AFTER))
+    }
+}
+
+/// What a reactor does when idle: its mode and, when adaptive, the longest it spins first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdlePolicy {
+    pub mode: IdleMode,
+    pub max_spin: Duration,
+}
+
+impl From<IdleMode> for IdlePolicy {
+    fn from(mode: IdleMode) -> Self {
+        Self {
+            mode,
+            max_spin: DEFAULT_MAX_SPIN,
+        }
+    }
+}
 
 /// A running reactor thread.
 pub struct Reactor {
@@ -154,7 +209,7 @@ impl Reactor {
     pub fn spawn<S, H, F>(
         core: usize,
         name: String,
-        mode: IdleMode,
+        idle: impl Into<IdlePolicy>,
         make: F,
     ) -> std::io::Result<(Self, H)>
     where
@@ -162,6 +217,7 @@ impl Reactor {
         H: Send + 'static,
         F: FnOnce(&Arc<ReactorWaker>) -> (S, H) + Send + 'static,
     {
+        let idle = idle.into();
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(ReactorStats::default());
         let mut sleeper = Sleeper::new()?;
@@ -177,7 +233,7 @@ impl Reactor {
                 stats.tid.store(current_tid(), Ordering::Relaxed);
                 let (mut state, handle) = make(sleeper.waker());
                 let _ = tx.send(handle);
-                run(&mut state, &stop, &stats, mode, &mut sleeper);
+                run(&mut state, &stop, &stats, idle, &mut sleeper);
                 state.shutdown();
             })?
         };
@@ -222,22 +278,27 @@ fn run<S: Pollable>(
     state: &mut S,
     stop: &AtomicBool,
     stats: &ReactorStats,
-    mode: IdleMode,
+    policy: IdlePolicy,
     sleeper: &mut Sleeper,
 ) {
+    let mode = policy.mode;
+    let mut spin = SpinWindow::new(policy.max_spin);
     let mut idle: u32 = 0;
     let mut clock = TurnClock::new();
     while !stop.load(Ordering::Relaxed) {
         let mut published = false;
         if state.poll() > 0 {
+            let gap = clock.busy_turn();
+            if idle > 0 && mode == IdleMode::Adaptive {
+                spin.learn(gap);
+            }
             idle = 0;
-            clock.busy_turn();
         } else {
             idle = idle.saturating_add(1);
             clock.idle_turns += 1;
             if idle >= IDLE_TURNS_BEFORE_CLOCK {
                 let waited = clock.idle_for();
-                let slept = if mode == IdleMode::Adaptive && waited >= SLEEP_AFTER {
+                let slept = if mode == IdleMode::Adaptive && waited >= spin.window() {
                     sleeper.try_sleep(state, stats)
                 } else {
                     None
@@ -245,8 +306,8 @@ fn run<S: Pollable>(
                 match slept {
                     // The poll after arming found work: the idle streak is over.
                     Some(work) if work > 0 => {
+                        spin.learn(clock.busy_turn());
                         idle = 0;
-                        clock.busy_turn();
                     }
                     // A sleep is long next to a turn: publish now, not 1024 sleeps later.
                     Some(_) => {
@@ -295,15 +356,18 @@ impl TurnClock {
         }
     }
 
-    /// A turn did work; an idle streak that was looking at the clock ends now.
-    fn busy_turn(&mut self) {
+    /// A turn did work; an idle streak that was looking at the clock ends now. Returns how
+    /// long that streak lasted (zero if it was too short to look at the clock).
+    fn busy_turn(&mut self) -> Duration {
         self.busy_turns += 1;
-        if let Some(since) = self.idle_since.take() {
-            let now = Instant::now();
-            // A publish during the streak already counted its start.
-            self.idle_ns += nanos(since.max(self.period_start), now);
-            self.period_start = now;
-        }
+        let Some(since) = self.idle_since.take() else {
+            return Duration::ZERO;
+        };
+        let now = Instant::now();
+        // A publish during the streak already counted its start.
+        self.idle_ns += nanos(since.max(self.period_start), now);
+        self.period_start = now;
+        now.saturating_duration_since(since)
     }
 
     /// How long the current idle streak has lasted (it starts now if it was not timed yet).
@@ -351,6 +415,42 @@ fn nanos(from: Instant, to: Instant) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spin_window_follows_the_gaps_between_work() {
+        let mut spin = SpinWindow::new(Duration::from_millis(2));
+        assert_eq!(spin.window(), SLEEP_AFTER, "nothing learned: sleep soon");
+        // A host at queue depth 1: work comes back 600 µs after each response.
+        for _ in 0..64 {
+            spin.learn(Duration::from_micros(600));
+        }
+        let w = spin.window();
+        assert!(
+            w > Duration::from_micros(1100) && w <= Duration::from_micros(1200),
+            "{w:?}"
+        );
+        // Longer gaps: the window stops at its cap.
+        for _ in 0..64 {
+            spin.learn(Duration::from_millis(5));
+        }
+        assert_eq!(spin.window(), Duration::from_millis(2));
+        // Under load the gaps are too short to time: the window shrinks back.
+        for _ in 0..128 {
+            spin.learn(Duration::ZERO);
+        }
+        assert_eq!(spin.window(), SLEEP_AFTER);
+        // One night of idleness weighs as twice the cap, not as the night.
+        spin.learn(Duration::from_secs(36_000));
+        assert!(
+            spin.window() <= Duration::from_micros(1100),
+            "{:?}",
+            spin.window()
+        );
+        // A cap of zero: sleep after the shortest spin, whatever the gaps.
+        let mut eager = SpinWindow::new(Duration::ZERO);
+        eager.learn(Duration::from_millis(1));
+        assert_eq!(eager.window(), SLEEP_AFTER);
+    }
 
     #[test]
     fn core_masks_in_spdk_forms() {

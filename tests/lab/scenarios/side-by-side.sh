@@ -16,6 +16,9 @@
 # Usage: tests/lab/run side-by-side [RUNTIME_SECONDS [REPEATS [IDLE_SECONDS]]]
 #        (default 5 s, 3 repeats, 10 s idle windows)
 # NVMF_SBS_TGT_ARGS: nvmf-tgt's arguments (default "-m 0x1").
+# NVMF_SBS_MODES: our runs, each a --poll-mode value or LABEL=ARG,ARG,... (extra nvmf-tgt
+#   arguments), e.g. "adaptive eager=--poll-mode,adaptive,--max-spin-us,0 pure".
+# NVMF_SBS_JOBS: a regular expression picking jobs by name (default: all).
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
 lab_init side-by-side
@@ -48,9 +51,16 @@ read -r -a tgt_args <<<"${NVMF_SBS_TGT_ARGS:--m 0x1}"
 read -r -a modes <<<"${NVMF_SBS_MODES:-adaptive pure backoff}"
 onqn=nqn.2016-06.io.spdk:null
 
-# ours_up MODE: starts our target idling in MODE and connects the host; sets odev.
+# ours_up MODE: starts our target idling in MODE (a --poll-mode value, or LABEL=ARG,ARG,...)
+# and connects the host; sets odev.
 ours_up() {
-    nvmf_tgt_start "${tgt_args[@]}" --poll-mode "$1"
+    local extra
+    if [[ $1 == *=* ]]; then
+        IFS=, read -r -a extra <<<"${1#*=}"
+    else
+        extra=(--poll-mode "$1")
+    fi
+    nvmf_tgt_start "${tgt_args[@]}" "${extra[@]}"
     nvmf_rpc nvmf_create_transport -t RDMA >/dev/null
     nvmf_rpc bdev_null_create Null0 1024 4096 >/dev/null
     nvmf_rpc nvmf_create_subsystem "$onqn" -a -s SPDK00000000000002 >/dev/null
@@ -88,11 +98,13 @@ for ((rep = 1; rep <= repeats; rep++)); do
         phase=()
         for ((i = ${#modes[@]} - 1; i >= 0; i--)); do phase+=("${modes[i]}"); done
     fi
-    for mode in "${phase[@]}"; do
-        ours_up "$mode"
+    for spec in "${phase[@]}"; do
+        mode=${spec%%=*}
+        ours_up "$spec"
         for job in "${jobs[@]}"; do
             name=${job%%:*}
             [[ $mode == backoff && $name != randread-4k-qd1 ]] && continue
+            [[ $name =~ ${NVMF_SBS_JOBS:-.} ]] || continue
             read -r -a args <<<"${job#*:}"
             if ((rep % 2)); then order=(kernel "$mode"); else order=("$mode" kernel); fi
             for who in "${order[@]}"; do
@@ -156,7 +168,9 @@ for name in order:
         continue
     ki = med([x[0] for x in k])
     kc = med([x[3] / x[0] for x in k if x[0]])
-    for who in ["kernel"] + [w for w in ("adaptive", "pure", "backoff") if w in by]:
+    known = ["adaptive", "pure", "backoff"]
+    others = sorted(w for w in by if w != "kernel" and w not in known)
+    for who in ["kernel"] + [w for w in known + others if w in by]:
         xs = by[who]
         iops = med([x[0] for x in xs])
         per_io = med([x[3] / x[0] for x in xs if x[0]])
@@ -175,7 +189,7 @@ if "kernel" in idle:
     kernel = med(idle["kernel"])
     print()
     print(f"idle, whole VM, median: {kernel:.1f}% with the kernel target and its host connected")
-    for who in ("adaptive", "pure", "backoff"):
+    for who in sorted(w for w in idle if w != "kernel"):
         if who in idle:
             both = med(idle[who])
             print(f"- with ours ({who}) and its host connected too: {both:.1f}% "
