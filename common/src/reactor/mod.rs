@@ -137,9 +137,9 @@ const NAP: Duration = Duration::from_micros(100);
 /// wake-up, a spin costs the core (and, on soft-RoCE, the NIC's CPU).
 const SLEEP_AFTER: Duration = Duration::from_micros(20);
 /// The longest it spins (yielding) before it sleeps, by default: see [`SpinWindow`].
-pub const DEFAULT_MAX_SPIN: Duration = Duration::from_millis(2);
+pub const DEFAULT_MAX_SPIN: Duration = Duration::from_millis(4);
 
-/// How long an adaptive reactor spins before it sleeps: twice the typical gap between the
+/// How long an adaptive reactor spins before it sleeps: three times the typical gap between the
 /// end of its work and the next work (a moving average), between [`SLEEP_AFTER`] and a cap.
 ///
 /// A host at queue depth 1 sends its next command one round trip after our response: gaps
@@ -172,7 +172,7 @@ impl SpinWindow {
     }
 
     fn window(&self) -> Duration {
-        Duration::from_nanos(2 * self.typical_gap_ns).clamp(SLEEP_AFTER, self.max.max(SLEEP_AFTER))
+        Duration::from_nanos(3 * self.typical_gap_ns).clamp(SLEEP_AFTER, self.max.max(SLEEP_AFTER))
     }
 }
 
@@ -426,7 +426,7 @@ mod tests {
         }
         let w = spin.window();
         assert!(
-            w > Duration::from_micros(1100) && w <= Duration::from_micros(1200),
+            w > Duration::from_micros(1650) && w <= Duration::from_micros(1800),
             "{w:?}"
         );
         // Longer gaps: the window stops at its cap.
@@ -442,7 +442,7 @@ mod tests {
         // One night of idleness weighs as twice the cap, not as the night.
         spin.learn(Duration::from_secs(36_000));
         assert!(
-            spin.window() <= Duration::from_micros(1100),
+            spin.window() <= Duration::from_micros(1600),
             "{:?}",
             spin.window()
         );
