@@ -114,8 +114,14 @@ impl WaitSet<'_> {
     /// it). Register each open file once: the watch is edge-triggered, so the state must
     /// drain the descriptor each time the reactor wakes ([`super::Pollable::woken`]).
     pub fn watch(&self, fd: RawFd) -> io::Result<()> {
-        self.registry
+        match self
+            .registry
             .register(&mut SourceFd(&fd), SOURCE, Interest::READABLE)
+        {
+            // Watched already (the same open file under a number seen before): fine.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            other => other,
+        }
     }
 }
 
@@ -397,6 +403,16 @@ mod tests {
             assert_eq!(r.stats().sleeps.load(Ordering::Relaxed), 0, "{mode:?}");
             r.reactor.join();
         }
+    }
+
+    #[test]
+    fn watching_a_descriptor_twice_is_harmless() {
+        let mut sleeper = Sleeper::new().unwrap();
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        sleeper.wait_set().watch(ours.as_raw_fd()).unwrap();
+        sleeper.wait_set().watch(ours.as_raw_fd()).unwrap();
+        peer.write_all(b"x").unwrap();
+        assert!(sleeper.wait(Duration::from_secs(5)).unwrap());
     }
 
     #[test]
