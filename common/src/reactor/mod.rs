@@ -311,7 +311,7 @@ fn run<S: Pollable>(
                     }
                     // A sleep is long next to a turn: publish now, not 1024 sleeps later.
                     Some(_) => {
-                        clock.publish(stats, sleeper);
+                        clock.publish(stats);
                         published = true;
                     }
                     None if mode == IdleMode::Pure => {}
@@ -323,10 +323,10 @@ fn run<S: Pollable>(
         }
         // Publish counters in batches: one relaxed store per 1024 turns, not per turn.
         if !published && (clock.busy_turns + clock.idle_turns) & 1023 == 0 {
-            clock.publish(stats, sleeper);
+            clock.publish(stats);
         }
     }
-    clock.publish(stats, sleeper);
+    clock.publish(stats);
 }
 
 /// Busy/idle turns and time of one reactor, kept on its thread and published in batches.
@@ -386,7 +386,7 @@ impl TurnClock {
     }
 
     /// Adds the time since the period's start to busy or idle and stores every counter.
-    fn publish(&mut self, stats: &ReactorStats, sleeper: &Sleeper) {
+    fn publish(&mut self, stats: &ReactorStats) {
         let now = Instant::now();
         match self.idle_since {
             Some(since) if since > self.period_start => {
@@ -401,10 +401,6 @@ impl TurnClock {
         stats.idle_turns.store(self.idle_turns, Ordering::Relaxed);
         stats.busy_ns.store(self.busy_ns, Ordering::Relaxed);
         stats.idle_ns.store(self.idle_ns, Ordering::Relaxed);
-        stats.sleeps.store(sleeper.sleeps, Ordering::Relaxed);
-        stats
-            .woken_early
-            .store(sleeper.woken_early, Ordering::Relaxed);
     }
 }
 

@@ -130,9 +130,6 @@ pub struct Sleeper {
     poll: Poll,
     events: Events,
     waker: Arc<ReactorWaker>,
-    /// Sleeps taken and the ones a descriptor or the waker (not the timeout) ended.
-    pub sleeps: u64,
-    pub woken_early: u64,
 }
 
 impl Sleeper {
@@ -147,8 +144,6 @@ impl Sleeper {
             poll,
             events: Events::with_capacity(16),
             waker,
-            sleeps: 0,
-            woken_early: 0,
         })
     }
 
@@ -190,13 +185,13 @@ impl Sleeper {
         // Work that arrived between the last poll and the arming raised no event.
         let work = state.poll();
         if work == 0 {
-            self.sleeps += 1;
-            stats.sleeps.store(self.sleeps, Ordering::Relaxed);
+            // The reactor thread is these counters' only writer: a load and a store.
+            bump(&stats.sleeps);
             stats.asleep.store(true, Ordering::Relaxed);
             let slept = self.wait(bound);
             stats.asleep.store(false, Ordering::Relaxed);
             match slept {
-                Ok(true) => self.woken_early += 1,
+                Ok(true) => bump(&stats.woken_early),
                 Ok(false) => {}
                 Err(e) => {
                     tracing::error!("reactor sleep failed: {e}");
@@ -208,6 +203,10 @@ impl Sleeper {
         state.woken();
         Some(work)
     }
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
 }
 
 #[cfg(test)]
