@@ -38,13 +38,15 @@ start_target() {
     done
 }
 
-# run NAME FIO-ARGS...: one measured fio run with CPU snapshots around it.
+# run NAME DEV_A DEV_B: one measured fio run of two jobs, A on vCPU 0 against DEV_A and B on
+# vCPU 1 against DEV_B, with CPU snapshots around it. lab_fio names the first job itself, and
+# options after a --name belong to that job alone, so each job gets the whole set.
 run() {
-    local name=$1
-    shift
+    local name=$1 job=(--ioengine=libaio --direct=1 --runtime="$runtime" --time_based
+        --ramp_time=1 --rw=randread --bs=4k --iodepth=16)
     lab_cpu_snapshot "$LAB_OUT/runs/$name.cpu0"
-    lab_fio "runs/$name" --ioengine=libaio --direct=1 --runtime="$runtime" --time_based \
-        --ramp_time=1 --rw=randread --bs=4k --iodepth=16 "$@" >/dev/null ||
+    lab_fio "runs/$name" "${job[@]}" --filename="$2" --cpus_allowed=0 \
+        --name=b "${job[@]}" --filename="$3" --cpus_allowed=1 >/dev/null ||
         lab_fail "fio $name failed"
     lab_cpu_snapshot "$LAB_OUT/runs/$name.cpu1"
 }
@@ -55,12 +57,8 @@ for mask in 0x1 0x3; do
     dev2=$(lab_nvme_connect "$nqn2" "$LAB_ADDR0" 4420)
     lab_log "reactor mask $mask: $(nvmf_rpc framework_get_reactors | grep -c '"lcore"') reactors"
     for ((rep = 1; rep <= repeats; rep++)); do
-        run "separate-$mask-$rep" \
-            --name=a --filename="$dev1" --cpus_allowed=0 \
-            --name=b --filename="$dev2" --cpus_allowed=1
-        run "shared-$mask-$rep" \
-            --name=a --filename="$dev1" --cpus_allowed=0 \
-            --name=b --filename="$dev1" --cpus_allowed=1
+        run "separate-$mask-$rep" "$dev1" "$dev2"
+        run "shared-$mask-$rep" "$dev1" "$dev1"
     done
     # Where the I/O queues went: one reactor each with two.
     nvmf_rpc nvmf_get_stats >"$LAB_OUT/stats-$mask.json"
