@@ -27,6 +27,7 @@ use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId, 
 
 pub mod ana;
 pub mod controller;
+pub mod driver;
 pub mod latency;
 pub mod limits;
 pub(crate) mod namespaces;

@@ -30,6 +30,7 @@ mod device;
 mod poll_group;
 mod qpair;
 mod request;
+mod steps;
 mod wait_queue;
 
 pub use poll_group::{PollGroupResources, RdmaPollGroup};

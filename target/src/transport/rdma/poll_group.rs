@@ -9,7 +9,6 @@ use nvmf_common::rdma::{
 use nvmf_common::reactor::WaitSet;
 use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmRejectStatus};
 use nvmf_common::spec::sgl::SglKind;
-use nvmf_common::spec::Status;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -20,8 +19,7 @@ use zerocopy::IntoBytes;
 
 use super::device::DeviceResources;
 use super::qpair::{
-    claim_index, flush_batch, release, transfer_stuck, try_queue, wrs_of, Qpair, SendOutcome,
-    SlotAccounts, CQE_LEN,
+    claim_index, flush_batch, release, transfer_stuck, wrs_of, Qpair, SlotAccounts, CQE_LEN,
 };
 use super::request::{
     parse_tag_slot, parse_wr_id, slots_for, tag_slot, wr_id, HostData, RdmaRequest, State, WrKind,
@@ -29,8 +27,9 @@ use super::request::{
 };
 use super::wait_queue::{WaitQueue, Waiter};
 use super::NewConnection;
+use crate::core::driver;
 use crate::core::queue::QueueState;
-use crate::core::request::{DataDirection, Exec, Prepared, ReqTag, Request, Wakeup};
+use crate::core::request::{ReqTag, Request, Wakeup};
 use crate::core::{CoreCtx, TICK_MS};
 use crate::transport::options::TransportOptions;
 use crate::transport::{TransportLimits, TransportPollGroup};
@@ -58,7 +57,7 @@ impl Hasher for QpNumHasher {
     }
 }
 
-fn class_index(class: BufClass) -> usize {
+pub(super) fn class_index(class: BufClass) -> usize {
     match class {
         BufClass::Small => 0,
         BufClass::Large => 1,
@@ -73,8 +72,8 @@ pub struct RdmaPollGroup<V: Verbs = RealVerbs> {
     opts: TransportOptions,
     limits: TransportLimits,
     load: Arc<AtomicUsize>,
-    devices: Vec<DeviceResources<V>>,
-    qpairs: Vec<Option<Qpair<V>>>,
+    pub(super) devices: Vec<DeviceResources<V>>,
+    pub(super) qpairs: Vec<Option<Qpair<V>>>,
     gens: Vec<u8>,
     /// Receive completions name their QP by number: one lookup per command, so a
     /// multiplicative hash, not SipHash (QP numbers come from the device, not from hosts).
@@ -82,20 +81,20 @@ pub struct RdmaPollGroup<V: Verbs = RealVerbs> {
     by_token: HashMap<CmIdToken, usize>,
     /// Requests waiting for a data buffer, one FIFO per class (small, large): a class that
     /// ran out never makes the other's waiters wait, nor costs a scan.
-    need_buffer: [WaitQueue; 2],
-    need_read: WaitQueue,
-    need_send: WaitQueue,
+    pub(super) need_buffer: [WaitQueue; 2],
+    pub(super) need_read: WaitQueue,
+    pub(super) need_send: WaitQueue,
     wcs: [WorkCompletion; POLL_BATCH],
     /// Qpairs with responses batched this turn (see `flush_sends`).
-    dirty: Vec<usize>,
+    pub(super) dirty: Vec<usize>,
     /// Qpairs (index, generation) the housekeeping tick looks at: unconnected (connect
     /// timeout), closing (reaped when drained), broken, or with RDMA READs or SENDs posted
     /// (transfer timeout). A connected qpair with nothing posted leaves the list at the tick
     /// that finds it so and comes back with its next posted transfer: idle connections cost
     /// a tick nothing.
-    watch: Vec<(usize, u8)>,
+    pub(super) watch: Vec<(usize, u8)>,
     /// The core's clock at the start of this turn (stamps posted transfers).
-    now_ms: u64,
+    pub(super) now_ms: u64,
     now_ns: u64,
 }
 
@@ -414,14 +413,12 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 qp.signaled = qp.signaled.saturating_sub(1);
                 qp.sq_used = qp.sq_used.saturating_sub(1);
                 qp.reads_in_flight = qp.reads_in_flight.saturating_sub(1);
-                if let Some(r) = qp.requests.get_mut(slot as usize) {
-                    if r.state == State::Reading {
-                        if ok && qp.closing.is_none() {
-                            return self.execute(qi, slot, core);
-                        }
-                        release(&mut qp.acct, r);
-                    }
-                }
+                let id = Waiter {
+                    qpair: qi,
+                    gen,
+                    slot,
+                };
+                driver::data_arrived(self, core, id, ok);
             }
         }
         if !ok {
@@ -482,219 +479,20 @@ impl<V: Verbs> RdmaPollGroup<V> {
             },
             _ => HostData::None,
         };
-        r.state = State::Executing;
-        let prepared = core.prepare(&mut qp.state, &mut r.req);
-        let (dir, host) = (r.req.dir, r.host);
-        match (prepared, dir, host) {
-            (Prepared::Complete, ..) => {
-                dev.return_capsule(recv, capsule);
-                self.queue_response(qi, si)
-            }
-            (Prepared::NoData, ..) => {
-                dev.return_capsule(recv, capsule);
-                self.execute(qi, si, core)
-            }
-            (
-                Prepared::Data { .. },
-                DataDirection::HostToController,
-                HostData::InCapsule { offset, len },
-            ) => {
-                if offset
-                    .checked_add(len)
-                    .is_none_or(|end| end > r.received_data)
-                    || len < r.req.len
-                {
-                    dev.return_capsule(recv, capsule);
-                    r.req.complete(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
-                    return self.queue_response(qi, si);
-                }
-                match capsule {
-                    // Zero copy: the bdev works on the buffer the data arrived in.
-                    Some(mut buf) if offset == 0 && qp.acct.held[2] < dev.share[2] => {
-                        buf.set_len(r.req.len as usize);
-                        r.req.data = Some(buf);
-                        r.buf_class = Some(2);
-                        qp.acct.held[2] += 1;
-                        self.execute(qi, si, core);
-                    }
-                    capsule => {
-                        r.capsule = capsule;
-                        self.wait_for_buffer(qi, si);
-                    }
-                }
-            }
-            (Prepared::Data { .. }, ..) => {
-                dev.return_capsule(recv, capsule);
-                self.wait_for_buffer(qi, si);
-            }
+        // In-capsule data stays in its capsule buffer until the request has a data buffer
+        // (or executes from the capsule buffer itself); any other capsule goes back to its
+        // receive slot now.
+        if matches!(r.host, HostData::InCapsule { .. }) {
+            r.capsule = capsule;
+        } else {
+            dev.return_capsule(recv, capsule);
         }
-    }
-
-    fn wait_for_buffer(&mut self, qi: usize, si: u32) {
-        let qp = self.qpairs[qi].as_mut().expect("live qpair");
-        let r = &mut qp.requests[si as usize];
-        r.state = State::NeedBuffer;
-        let ci = class_index(self.devices[qp.dev].pools.class_of(r.req.len as usize));
-        self.need_buffer[ci].push(Waiter {
+        let id = Waiter {
             qpair: qi,
             gen: qp.gen,
             slot: si,
-        });
-    }
-
-    /// Gives waiting requests data buffers, oldest first per class, and moves them on. A
-    /// class whose pool is empty is left at once; a request whose qpair already holds its
-    /// share of the class is parked on its qpair (not rescanned) and blocks nobody behind it.
-    fn serve_buffers(&mut self, core: &mut CoreCtx) -> usize {
-        let mut n = 0;
-        for ci in 0..2 {
-            n += self.serve_class(ci, core);
-        }
-        n
-    }
-
-    fn serve_class(&mut self, ci: usize, core: &mut CoreCtx) -> usize {
-        let mut n = 0;
-        while let Some((w, qp)) = self.need_buffer[ci].current_at(0, &mut self.qpairs) {
-            let (qi, si) = (w.qpair, w.slot);
-            // `current_at` checked that the slot exists.
-            let r = &mut qp.requests[si as usize];
-            let dev = &mut self.devices[qp.dev];
-            let class = dev.pools.class_of(r.req.len as usize);
-            if qp.acct.held[ci] >= dev.share[ci] {
-                // Over its share: parked on its qpair until it gives a buffer back.
-                self.need_buffer[ci].remove(0);
-                qp.acct.parked[ci].push_back(si);
-                continue;
-            }
-            let Some(mut buf) = dev.pools.get(class) else {
-                break;
-            };
-            self.need_buffer[ci].remove(0);
-            n += 1;
-            qp.acct.held[ci] += 1;
-            r.buf_class = Some(ci as u8);
-            buf.set_len(r.req.len as usize);
-            let dir = r.req.dir;
-            match (dir, r.host) {
-                (DataDirection::HostToController, HostData::InCapsule { offset, .. }) => {
-                    // on_recv checked the bounds against what arrived.
-                    let Some(capsule) = r.capsule.take() else {
-                        r.req.complete(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
-                        r.req.data = Some(buf);
-                        self.queue_response(qi, si);
-                        continue;
-                    };
-                    let from = offset as usize;
-                    let n = buf.len();
-                    // The capsule buffer holds the whole receive (its length is the pool's).
-                    let mut whole = capsule;
-                    whole.set_len(from + n);
-                    buf.as_mut_slice()
-                        .copy_from_slice(&whole.as_slice()[from..from + n]);
-                    r.req.data = Some(buf);
-                    self.execute(qi, si, core);
-                }
-                (DataDirection::HostToController, HostData::Keyed { .. }) => {
-                    r.req.data = Some(buf);
-                    r.state = State::NeedRead;
-                    self.need_read.push(w);
-                }
-                _ => {
-                    r.req.data = Some(buf);
-                    self.execute(qi, si, core);
-                }
-            }
-        }
-        n
-    }
-
-    /// Posts RDMA READs for waiting requests while the host's read credits and the send queue
-    /// allow.
-    fn serve_reads(&mut self) -> usize {
-        let mut n = 0;
-        let mut i = 0;
-        while let Some((w, qp)) = self.need_read.current_at(i, &mut self.qpairs) {
-            let (qi, si) = (w.qpair, w.slot);
-            if qp.reads_in_flight >= qp.max_reads || qp.sq_used + 1 > qp.sq_capacity {
-                i += 1;
-                continue;
-            }
-            self.need_read.remove(i);
-            // `current_at` checked that the slot exists.
-            let r = &mut qp.requests[si as usize];
-            let HostData::Keyed { addr, key, .. } = r.host else {
-                unreachable!("queued as keyed")
-            };
-            let sge = [r.data_sge().expect("buffer attached")];
-            let wr = SendWr::rdma_read(wr_id(WrKind::Read, qp.gen, qi, si), &sge, addr, key);
-            match qp.qp.post_send(&[wr]) {
-                Ok(()) => {
-                    r.state = State::Reading;
-                    r.posted_ms = self.now_ms;
-                    qp.sq_used += 1;
-                    qp.signaled += 1;
-                    qp.reads_in_flight += 1;
-                    n += 1;
-                    watch(&mut self.watch, qi, qp);
-                }
-                Err(e) => {
-                    tracing::warn!(peer = %qp.state.peer, "posting RDMA READ failed: {e}");
-                    r.req.complete(Status::DATA_TRANSFER_ERROR);
-                    self.queue_response(qi, si);
-                }
-            }
-        }
-        n
-    }
-
-    fn execute(&mut self, qi: usize, si: u32, core: &mut CoreCtx) {
-        let qp = self.qpairs[qi].as_mut().expect("live qpair");
-        let r = &mut qp.requests[si as usize];
-        r.state = State::Executing;
-        if core.execute(&mut qp.state, &mut r.req) == Exec::Complete {
-            self.queue_response(qi, si);
-        }
-    }
-
-    fn queue_response(&mut self, qi: usize, si: u32) {
-        let qp = self.qpairs[qi].as_mut().expect("live qpair");
-        qp.requests[si as usize].state = State::NeedSend;
-        if self.need_send.is_empty() {
-            match try_queue(qp, si) {
-                (SendOutcome::NoRoom, _) => {}
-                (_, first) => {
-                    if first {
-                        self.dirty.push(qi);
-                    }
-                    return;
-                }
-            }
-        }
-        self.need_send.push(Waiter {
-            qpair: qi,
-            gen: qp.gen,
-            slot: si,
-        });
-    }
-
-    fn serve_sends(&mut self) -> usize {
-        let mut n = 0;
-        while let Some((w, qp)) = self.need_send.current_at(0, &mut self.qpairs) {
-            match try_queue(qp, w.slot) {
-                (SendOutcome::NoRoom, _) => break,
-                (SendOutcome::Queued, first) => {
-                    n += 1;
-                    if first {
-                        self.dirty.push(w.qpair);
-                    }
-                }
-                // The qpair's close deals with the request.
-                (SendOutcome::Failed, _) => {}
-            }
-            self.need_send.remove(0);
-        }
-        n
+        };
+        driver::start(self, core, id);
     }
 
     /// Posts every qpair's batched responses: one chain (one doorbell) per qpair per turn
@@ -720,7 +518,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
 
     /// Starts tearing a qpair down: tells the peer, detaches it from its controller, frees
     /// what waits for nothing, and marks the send queue so its end is seen.
-    fn start_close(&mut self, qi: usize, core: &mut CoreCtx) {
+    pub(super) fn start_close(&mut self, qi: usize, core: &mut CoreCtx) {
         let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
             return;
         };
@@ -840,7 +638,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
 }
 
 /// Puts a qpair on the watch list unless it is on it already (one flag test per post).
-fn watch<V: Verbs>(list: &mut Vec<(usize, u8)>, qi: usize, qp: &mut Qpair<V>) {
+pub(super) fn watch<V: Verbs>(list: &mut Vec<(usize, u8)>, qi: usize, qp: &mut Qpair<V>) {
     if !qp.watched {
         qp.watched = true;
         list.push((qi, qp.gen));
@@ -904,8 +702,8 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
             work += self.poll_device(d, core);
         }
         work += self.serve_buffers(core);
-        work += self.serve_reads();
-        work += self.serve_sends();
+        work += self.serve_reads(core);
+        work += self.serve_sends(core);
         self.flush_sends();
         if core.is_tick() {
             self.reap(core);
@@ -919,26 +717,8 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
     }
 
     fn resume(&mut self, tag: ReqTag, wakeup: Wakeup, core: &mut CoreCtx) {
-        let (gen, qi, si) = parse_tag_slot(tag.slot());
-        let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
-            return;
-        };
-        if qp.gen != gen {
-            return;
-        }
-        let Some(r) = qp.requests.get_mut(si as usize) else {
-            return;
-        };
-        if r.state != State::Executing {
-            return;
-        }
-        if core.resume(&mut qp.state, &mut r.req, wakeup) == Exec::Complete {
-            if qp.closing.is_some() {
-                release(&mut qp.acct, r);
-            } else {
-                self.queue_response(qi, si);
-            }
-        }
+        let (gen, qpair, slot) = parse_tag_slot(tag.slot());
+        driver::resume(self, core, Waiter { qpair, gen, slot }, wakeup);
     }
 
     fn qpair_count(&self) -> usize {

@@ -30,29 +30,8 @@ use nvmf_common::rdma::Sge;
 
 use crate::core::request::Request;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    /// Slot unused.
-    Free,
-    /// Parsed; waiting for a data buffer from the pool.
-    NeedBuffer,
-    /// Has a buffer; waiting for an RDMA READ slot and send queue room to fetch host data.
-    NeedRead,
-    /// RDMA READ of the host's data posted; waiting for its completion.
-    Reading,
-    /// Handed to the core; waiting for `Exec::Complete` or a wakeup.
-    Executing,
-    /// Response ready; waiting for send queue room.
-    NeedSend,
-    /// Send queue room reserved; in its qpair's batch, posted at the end of the turn.
-    Batched,
-    /// RDMA WRITE (if any) and SEND posted; waiting for the SEND's completion.
-    Sending,
-    /// Posting the response failed after its RDMA WRITE may have reached the send queue: the
-    /// NIC may still read the data buffer, so the request keeps it until the qpair (and with
-    /// it the QP) is destroyed. Nothing moves a request out of this state.
-    Abandoned,
-}
+/// The request states are the core driver's ([`ReqState`](crate::core::driver::ReqState)).
+pub use crate::core::driver::ReqState as State;
 
 /// Where the host's data for this command is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -100,6 +100,12 @@ impl WaitQueue {
     pub fn remove(&mut self, i: usize) {
         self.entries.remove(i);
     }
+
+    /// The entry at the front, current or not: a serve loop that put a request back at the
+    /// front sees it here and stops.
+    pub fn front(&self) -> Option<&Waiter> {
+        self.entries.front()
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,238 @@
+//! The one request driver every transport runs: a request's life as an explicit state
+//! machine with a single step function, [`process`] (the shape of SPDK's
+//! `nvmf_rdma_request_process`, with our types). A transport implements
+//! [`RequestTransport`]: it names its requests, and provides the three things that differ
+//! between fabrics (a data buffer, moving the host's data in, sending the response). The
+//! order of the steps, when the core prepares, executes and resumes, and what happens on a
+//! closing queue are decided here, once.
+//!
+//! ```text
+//!  Free ──capsule──► New ──prepare─┬─ Complete ─────────────────────────────► NeedSend
+//!                                  ├─ NoData ───────────────────────────────► ReadyToExecute
+//!                                  └─ Data ──► NeedBuffer ─┬─ to host ─────────► ReadyToExecute
+//!                                                          └─ from host ─► NeedRead ─┬─ in place ─► ReadyToExecute
+//!                                                                                    └─ posted ──► Reading ─► ReadyToExecute
+//!  ReadyToExecute ──execute──► Executing ──Complete (now or by wakeup)──► NeedSend
+//!  NeedSend ──► Batched ──► Sending ──send completion──► Free      (or straight to Free)
+//! ```
+//!
+//! Each wait for a resource is a state plus a FIFO the transport keeps, never a failure:
+//! `NeedBuffer` (the data buffer pool, or the queue's share of it), `NeedRead` (room to
+//! fetch host data), `NeedSend` (room to send, or a host that takes no response). A request
+//! the transport queued is retried by the transport's serve loop with
+//! [`process`]`(.., Attempt::Retry)`; a fresh request goes behind those already waiting.
+//!
+//! A step that fails completes the command with the step's status and goes on to
+//! `NeedSend`, so every path ends in one response. A request whose queue is closing is
+//! released instead of answered.
+
+use nvmf_common::spec::Status;
+
+use crate::core::queue::QueueState;
+use crate::core::request::{DataDirection, Exec, Prepared, Request, Wakeup};
+use crate::core::CoreCtx;
+
+/// Where a request is in its life; the same for every transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReqState {
+    /// Slot unused.
+    Free,
+    /// A command capsule arrived: the core prepares it next.
+    New,
+    /// Parsed; waiting for a data buffer.
+    NeedBuffer,
+    /// Has a buffer; waiting for room to fetch the host's data (an RDMA READ slot and send
+    /// queue room), or about to copy in-capsule data.
+    NeedRead,
+    /// The host's data is on its way (an RDMA READ is posted).
+    Reading,
+    /// Data in place, or none needed: the core executes it next.
+    ReadyToExecute,
+    /// Handed to the core; waiting for `Exec::Complete` or a wakeup.
+    Executing,
+    /// Response ready; waiting for room to send it.
+    NeedSend,
+    /// Room reserved; in its queue's batch, posted at the end of the turn.
+    Batched,
+    /// Response (and data for the host) posted; waiting for the transport's completion.
+    Sending,
+    /// Posting the response failed after data may have left from its buffer: the request
+    /// keeps the buffer until the queue is destroyed. Nothing moves a request out of it.
+    Abandoned,
+}
+
+/// Whether [`process`] runs a request that just entered its state or one a transport's
+/// serve loop takes from a wait FIFO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The request just reached this state: if others wait for the same resource, it
+    /// queues behind them.
+    Fresh,
+    /// The transport's serve loop took the request from the front of its FIFO: it goes
+    /// now if the resource is there, or goes back to the front.
+    Retry,
+}
+
+/// How getting a data buffer went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufferStep {
+    /// `req.data` holds a buffer of exactly `req.len` bytes.
+    Attached,
+    /// Queued (or parked) by the transport; it retries the request when a buffer frees.
+    Wait,
+    /// The data the command describes cannot be placed (an in-capsule SGL longer than what
+    /// arrived): the command completes with this status.
+    Fail(Status),
+}
+
+/// How moving the host's data in went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FetchStep {
+    /// The data is in the buffer now (in-capsule data, an in-process host).
+    Done,
+    /// A transfer is posted; the transport calls [`data_arrived`] when it completes.
+    Posted,
+    /// No room to post it: queued, retried by the transport.
+    Wait,
+    /// The data cannot be had: the command completes with this status.
+    Fail(Status),
+}
+
+/// What one transport provides to the driver. `Id` names a request (queue, incarnation and
+/// slot); every method takes the request by its id and may find it gone.
+pub trait RequestTransport {
+    type Id: Copy;
+
+    /// The request and its queue's state, or `None` if the queue (or that incarnation of
+    /// it) is gone.
+    fn parts(&mut self, id: Self::Id) -> Option<(&mut QueueState, &mut ReqState, &mut Request)>;
+
+    /// Whether the request's queue is closing: finished requests are released, not
+    /// answered.
+    fn closing(&mut self, id: Self::Id) -> bool;
+
+    /// Attaches a data buffer of `req.len` bytes, or queues the request for one.
+    fn get_buffer(&mut self, id: Self::Id, attempt: Attempt) -> BufferStep;
+
+    /// Moves the host's data into the attached buffer, or queues the request for room.
+    fn fetch_data(&mut self, id: Self::Id, attempt: Attempt) -> FetchStep;
+
+    /// Sends (or batches) the response, with data for the host if the command produced
+    /// some, or queues the request for room. The transport sets the state the request ends
+    /// in: `Batched`, `Sending`, `Free`, or `NeedSend` while queued.
+    fn send_response(&mut self, id: Self::Id, attempt: Attempt);
+
+    /// Returns the request's slot and buffer: a request whose queue is closing.
+    fn release(&mut self, id: Self::Id);
+}
+
+/// Runs a request from its current state for as long as it can move without waiting.
+pub fn process<T: RequestTransport>(t: &mut T, core: &mut CoreCtx, id: T::Id, attempt: Attempt) {
+    let mut attempt = attempt;
+    loop {
+        let Some((queue, state, req)) = t.parts(id) else {
+            return;
+        };
+        match *state {
+            ReqState::New => {
+                *state = match core.prepare(queue, req) {
+                    Prepared::Complete => ReqState::NeedSend,
+                    Prepared::NoData => ReqState::ReadyToExecute,
+                    Prepared::Data { .. } => ReqState::NeedBuffer,
+                };
+            }
+            ReqState::NeedBuffer => match t.get_buffer(id, attempt) {
+                BufferStep::Attached => {
+                    let Some((_, state, req)) = t.parts(id) else {
+                        return;
+                    };
+                    *state = if req.dir == DataDirection::HostToController {
+                        ReqState::NeedRead
+                    } else {
+                        ReqState::ReadyToExecute
+                    };
+                }
+                BufferStep::Wait => return,
+                BufferStep::Fail(status) => fail(t, id, status),
+            },
+            ReqState::NeedRead => match t.fetch_data(id, attempt) {
+                FetchStep::Done => set_state(t, id, ReqState::ReadyToExecute),
+                FetchStep::Posted => return set_state(t, id, ReqState::Reading),
+                FetchStep::Wait => return,
+                FetchStep::Fail(status) => fail(t, id, status),
+            },
+            ReqState::ReadyToExecute => {
+                *state = ReqState::Executing;
+                if core.execute(queue, req) == Exec::Pending {
+                    return;
+                }
+                set_state(t, id, ReqState::NeedSend);
+            }
+            ReqState::NeedSend => {
+                if t.closing(id) {
+                    return t.release(id);
+                }
+                return t.send_response(id, attempt);
+            }
+            ReqState::Free
+            | ReqState::Reading
+            | ReqState::Executing
+            | ReqState::Batched
+            | ReqState::Sending
+            | ReqState::Abandoned => return,
+        }
+        // Only the first step of a retried request was taken from a FIFO.
+        attempt = Attempt::Fresh;
+    }
+}
+
+/// A step failed: the command completes with `status` and its response goes out.
+fn fail<T: RequestTransport>(t: &mut T, id: T::Id, status: Status) {
+    if let Some((_, state, req)) = t.parts(id) {
+        req.complete(status);
+        *state = ReqState::NeedSend;
+    }
+}
+
+fn set_state<T: RequestTransport>(t: &mut T, id: T::Id, to: ReqState) {
+    if let Some((_, state, _)) = t.parts(id) {
+        *state = to;
+    }
+}
+
+/// A command capsule arrived in a `Free` slot whose `req` the transport has reset: runs it
+/// as far as it goes.
+pub fn start<T: RequestTransport>(t: &mut T, core: &mut CoreCtx, id: T::Id) {
+    set_state(t, id, ReqState::New);
+    process(t, core, id, Attempt::Fresh);
+}
+
+/// The host's data arrived for a `Reading` request (`ok`), or its transfer failed: executes
+/// it, or, on a failure or a closing queue, releases it (the transport closes the queue).
+pub fn data_arrived<T: RequestTransport>(t: &mut T, core: &mut CoreCtx, id: T::Id, ok: bool) {
+    match t.parts(id) {
+        Some((_, state, _)) if *state == ReqState::Reading => {}
+        _ => return,
+    }
+    if !ok || t.closing(id) {
+        return t.release(id);
+    }
+    set_state(t, id, ReqState::ReadyToExecute);
+    process(t, core, id, Attempt::Fresh);
+}
+
+/// The core's wakeup for an `Executing` request: resumes it and, once complete, answers it
+/// (or releases it on a closing queue). A wakeup for a request in any other state, or whose
+/// queue is gone, is dropped.
+pub fn resume<T: RequestTransport>(t: &mut T, core: &mut CoreCtx, id: T::Id, wakeup: Wakeup) {
+    let Some((queue, state, req)) = t.parts(id) else {
+        return;
+    };
+    if *state != ReqState::Executing {
+        return;
+    }
+    if core.resume(queue, req, wakeup) == Exec::Complete {
+        *state = ReqState::NeedSend;
+        process(t, core, id, Attempt::Fresh);
+    }
+}

@@ -1,0 +1,229 @@
+//! The RDMA transport's part of the request driver (`core::driver`): where a request gets a
+//! data buffer, how the host's data comes in (copied from the capsule, or by RDMA READ), and
+//! how a response joins its qpair's batch; and the serve loops that retry requests waiting
+//! in the poll group's FIFOs for those resources.
+
+use nvmf_common::rdma::{SendWr, Verbs, VerbsQp};
+use nvmf_common::spec::Status;
+
+use super::poll_group::{class_index, watch, RdmaPollGroup};
+use super::qpair::{release, try_queue, SendOutcome};
+use super::request::{wr_id, HostData, State, WrKind};
+use super::wait_queue::{WaitQueue, Waiter};
+use crate::core::driver::{self, Attempt, BufferStep, FetchStep, RequestTransport};
+use crate::core::queue::QueueState;
+use crate::core::request::{DataDirection, Request};
+use crate::core::CoreCtx;
+
+/// Capsule buffers' class in a qpair's `held` counts (after small and large).
+const CAPSULE_CLASS: usize = 2;
+
+/// Puts a request in a wait FIFO: behind the others if it just arrived, back at the front if
+/// a serve loop took it from there.
+fn enqueue(queue: &mut WaitQueue, id: Waiter, attempt: Attempt) {
+    match attempt {
+        Attempt::Fresh => queue.push(id),
+        Attempt::Retry => queue.push_front(id),
+    }
+}
+
+impl<V: Verbs> RequestTransport for RdmaPollGroup<V> {
+    type Id = Waiter;
+
+    fn parts(&mut self, id: Waiter) -> Option<(&mut QueueState, &mut State, &mut Request)> {
+        let qp = self
+            .qpairs
+            .get_mut(id.qpair)?
+            .as_mut()
+            .filter(|q| q.gen == id.gen)?;
+        let r = qp.requests.get_mut(id.slot as usize)?;
+        Some((&mut qp.state, &mut r.state, &mut r.req))
+    }
+
+    fn closing(&mut self, id: Waiter) -> bool {
+        self.qpairs
+            .get(id.qpair)
+            .and_then(Option::as_ref)
+            .is_none_or(|q| q.gen != id.gen || q.closing.is_some())
+    }
+
+    /// In-capsule data executes from its capsule buffer when it starts at the capsule's data
+    /// and the qpair has capsule buffers to spare (zero copy); otherwise a pool buffer of the
+    /// request's class, within the qpair's share of it (over the share, the request parks on
+    /// its qpair and blocks nobody in the FIFO).
+    fn get_buffer(&mut self, id: Waiter, attempt: Attempt) -> BufferStep {
+        let Some(qp) = self.qpairs[id.qpair].as_mut() else {
+            return BufferStep::Wait;
+        };
+        let r = &mut qp.requests[id.slot as usize];
+        let dev = &mut self.devices[qp.dev];
+        let len = r.req.len;
+        if let (DataDirection::HostToController, HostData::InCapsule { offset, len: sgl }) =
+            (r.req.dir, r.host)
+        {
+            if offset
+                .checked_add(sgl)
+                .is_none_or(|end| end > r.received_data)
+                || sgl < len
+            {
+                return BufferStep::Fail(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+            }
+            if offset == 0 && qp.acct.held[CAPSULE_CLASS] < dev.share[CAPSULE_CLASS] {
+                if let Some(mut buf) = r.capsule.take() {
+                    buf.set_len(len as usize);
+                    r.req.data = Some(buf);
+                    r.buf_class = Some(CAPSULE_CLASS as u8);
+                    qp.acct.held[CAPSULE_CLASS] += 1;
+                    return BufferStep::Attached;
+                }
+            }
+        }
+        let class = dev.pools.class_of(len as usize);
+        let ci = class_index(class);
+        if attempt == Attempt::Fresh && !self.need_buffer[ci].is_empty() {
+            self.need_buffer[ci].push(id);
+            return BufferStep::Wait;
+        }
+        if qp.acct.held[ci] >= dev.share[ci] {
+            qp.acct.parked[ci].push_back(id.slot);
+            return BufferStep::Wait;
+        }
+        let Some(mut buf) = dev.pools.get(class) else {
+            enqueue(&mut self.need_buffer[ci], id, attempt);
+            return BufferStep::Wait;
+        };
+        qp.acct.held[ci] += 1;
+        r.buf_class = Some(ci as u8);
+        buf.set_len(len as usize);
+        r.req.data = Some(buf);
+        BufferStep::Attached
+    }
+
+    /// In-capsule data is copied from the capsule buffer (or is there already, zero copy);
+    /// keyed data comes by RDMA READ while the host's read credits and the send queue allow,
+    /// in FIFO order.
+    fn fetch_data(&mut self, id: Waiter, attempt: Attempt) -> FetchStep {
+        let Some(qp) = self.qpairs[id.qpair].as_mut() else {
+            return FetchStep::Wait;
+        };
+        let r = &mut qp.requests[id.slot as usize];
+        match r.host {
+            HostData::InCapsule { offset, .. } => {
+                if r.buf_class == Some(CAPSULE_CLASS as u8) {
+                    return FetchStep::Done;
+                }
+                // `get_buffer` checked the bounds against what arrived.
+                let (Some(mut whole), Some(buf)) = (r.capsule.take(), r.req.data.as_mut()) else {
+                    return FetchStep::Fail(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+                };
+                let (from, n) = (offset as usize, buf.len());
+                // The capsule buffer holds the whole receive (its length is the pool's).
+                whole.set_len(from + n);
+                buf.as_mut_slice()
+                    .copy_from_slice(&whole.as_slice()[from..from + n]);
+                FetchStep::Done
+            }
+            HostData::Keyed { addr, key, .. } => {
+                let room = qp.reads_in_flight < qp.max_reads && qp.sq_used < qp.sq_capacity;
+                let behind = attempt == Attempt::Fresh && !self.need_read.is_empty();
+                if !room || behind {
+                    enqueue(&mut self.need_read, id, attempt);
+                    return FetchStep::Wait;
+                }
+                let sge = [r.data_sge().expect("buffer attached")];
+                let wr = SendWr::rdma_read(
+                    wr_id(WrKind::Read, qp.gen, id.qpair, id.slot),
+                    &sge,
+                    addr,
+                    key,
+                );
+                if let Err(e) = qp.qp.post_send(&[wr]) {
+                    tracing::warn!(peer = %qp.state.peer, "posting RDMA READ failed: {e}");
+                    return FetchStep::Fail(Status::DATA_TRANSFER_ERROR);
+                }
+                r.posted_ms = self.now_ms;
+                qp.sq_used += 1;
+                qp.signaled += 1;
+                qp.reads_in_flight += 1;
+                watch(&mut self.watch, id.qpair, qp);
+                FetchStep::Posted
+            }
+            HostData::None => FetchStep::Fail(Status::DATA_SGL_LENGTH_INVALID.with_dnr()),
+        }
+    }
+
+    /// Joins the qpair's batch (posted once per turn) when the send queue has room and no
+    /// older response waits for it; else waits in the FIFO.
+    fn send_response(&mut self, id: Waiter, attempt: Attempt) {
+        let Some(qp) = self.qpairs[id.qpair].as_mut() else {
+            return;
+        };
+        if attempt == Attempt::Fresh && !self.need_send.is_empty() {
+            return self.need_send.push(id);
+        }
+        match try_queue(qp, id.slot) {
+            (SendOutcome::NoRoom, _) => enqueue(&mut self.need_send, id, attempt),
+            (SendOutcome::Queued, true) => self.dirty.push(id.qpair),
+            (SendOutcome::Queued, false) => {}
+            // The qpair's close deals with the request.
+            (SendOutcome::Failed, _) => {}
+        }
+    }
+
+    fn release(&mut self, id: Waiter) {
+        if let Some(qp) = self.qpairs[id.qpair].as_mut() {
+            if let Some(r) = qp.requests.get_mut(id.slot as usize) {
+                release(&mut qp.acct, r);
+            }
+        }
+    }
+}
+
+impl<V: Verbs> RdmaPollGroup<V> {
+    /// Gives waiting requests data buffers, oldest first per class. A class whose pool is
+    /// empty is left at once (its front request went back to the front).
+    pub(super) fn serve_buffers(&mut self, core: &mut CoreCtx) -> usize {
+        let mut n = 0;
+        for ci in 0..2 {
+            while let Some((w, _)) = self.need_buffer[ci].current_at(0, &mut self.qpairs) {
+                self.need_buffer[ci].remove(0);
+                driver::process(self, core, w, Attempt::Retry);
+                if self.need_buffer[ci].front() == Some(&w) {
+                    break;
+                }
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Posts RDMA READs for waiting requests whose qpairs have read credits and send queue
+    /// room, oldest first; the others keep their place.
+    pub(super) fn serve_reads(&mut self, core: &mut CoreCtx) -> usize {
+        let (mut n, mut i) = (0, 0);
+        while let Some((w, qp)) = self.need_read.current_at(i, &mut self.qpairs) {
+            if qp.reads_in_flight >= qp.max_reads || qp.sq_used >= qp.sq_capacity {
+                i += 1;
+                continue;
+            }
+            self.need_read.remove(i);
+            driver::process(self, core, w, Attempt::Retry);
+            n += 1;
+        }
+        n
+    }
+
+    /// Batches waiting responses, oldest first, until a send queue is full.
+    pub(super) fn serve_sends(&mut self, core: &mut CoreCtx) -> usize {
+        let mut n = 0;
+        while let Some((w, _)) = self.need_send.current_at(0, &mut self.qpairs) {
+            self.need_send.remove(0);
+            driver::process(self, core, w, Attempt::Retry);
+            if self.need_send.front() == Some(&w) {
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+}
