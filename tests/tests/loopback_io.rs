@@ -258,10 +258,19 @@ fn host_vanishing_mid_io_leaks_nothing_and_harms_no_one() {
 
 #[test]
 fn many_commands_in_flight_on_one_queue_all_complete() {
-    let mut lab = lab();
+    // Pools far smaller than the queue: most of a full queue waits for buffers, none fails.
+    let pools = LoopbackPools {
+        small: 8,
+        large: 8,
+        per_qpair: 4,
+    };
+    let mut lab =
+        LoopbackLab::with_transport(LoopbackTransport::with_pools(LOOPBACK_LIMITS, pools));
+    lab.malloc("Malloc0", 4096, 512);
+    lab.malloc("Malloc1", 1024, 4096);
+    lab.subsystem(NQN, &["Malloc0", "Malloc1"]);
     let mut ctrl = linux_bring_up(&mut lab, NQN, 1);
-    // More than the transport's buffer pool at once: the rest wait for buffers, none fail.
-    let n = 300;
+    let n = usize::from(LOOPBACK_LIMITS.max_queue_depth) - 1;
     for i in 0..n {
         let cid = ctrl.cid();
         ctrl.io[0].submit(with_buffer(
@@ -275,4 +284,36 @@ fn many_commands_in_flight_on_one_queue_all_complete() {
         expect_ok(&r);
         done += 1;
     }
+}
+
+/// A host with more commands outstanding than any queue may hold (twice the largest depth,
+/// the slots an RDMA queue has) broke the protocol: its queue is closed, as an RDMA queue is,
+/// instead of growing without bound; another host's queue keeps working.
+#[test]
+fn a_host_that_overruns_its_queue_loses_it_and_others_do_not_notice() {
+    let mut lab = lab();
+    let mut victim = linux_bring_up(&mut lab, NQN, 1);
+    let mut flooder = linux_bring_up(&mut lab, NQN, 1);
+    let slots = 2 * usize::from(LOOPBACK_LIMITS.max_queue_depth);
+    for i in 0..slots + 50 {
+        let cid = flooder.cid();
+        flooder.io[0].submit(with_buffer(
+            Command::write(cid, 2, (i % 1000) as u64, 1),
+            pattern(4096, i as u8),
+        ));
+    }
+    for _ in 0..50 {
+        lab.pg.poll();
+    }
+    assert!(
+        flooder.io[0].is_disconnected(),
+        "the overrun queue is closed"
+    );
+    let cid = victim.cid();
+    let r = victim.io(
+        &mut lab,
+        0,
+        with_buffer(Command::write(cid, 2, 7, 1), pattern(4096, 9)),
+    );
+    expect_ok(&r);
 }
