@@ -236,3 +236,209 @@ pub fn resume<T: RequestTransport>(t: &mut T, core: &mut CoreCtx, id: T::Id, wak
         process(t, core, id, Attempt::Fresh);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use nvmf_common::buffer::BufferPool;
+    use nvmf_common::spec::fabrics::ConnectCommand;
+    use nvmf_common::spec::sgl::SglDescriptor;
+    use nvmf_common::spec::Command;
+
+    use super::*;
+    use crate::core::request::ReqTag;
+    use crate::core::TargetInfo;
+    use crate::transport::TransportLimits;
+
+    /// One request, its queue, scripted answers for the transport steps, and what the driver
+    /// asked of it.
+    struct Fake {
+        queue: QueueState,
+        state: ReqState,
+        req: Request,
+        closing: bool,
+        buffer: BufferStep,
+        fetch: FetchStep,
+        pool: BufferPool,
+        calls: Vec<(&'static str, Attempt)>,
+    }
+
+    impl Fake {
+        fn new(cmd: Command) -> Self {
+            let mut req = Request::new(ReqTag::new(0, 0));
+            req.reset(cmd);
+            Self {
+                queue: QueueState::new(TransportLimits::DEFAULT_RDMA, None, "fake".into(), None),
+                state: ReqState::Free,
+                req,
+                closing: false,
+                buffer: BufferStep::Attached,
+                fetch: FetchStep::Done,
+                pool: BufferPool::new(4096, 4).expect("pool"),
+                calls: Vec::new(),
+            }
+        }
+
+        fn names(&self) -> Vec<&'static str> {
+            self.calls.iter().map(|c| c.0).collect()
+        }
+    }
+
+    impl RequestTransport for Fake {
+        type Id = ();
+
+        fn parts(&mut self, _: ()) -> Option<(&mut QueueState, &mut ReqState, &mut Request)> {
+            Some((&mut self.queue, &mut self.state, &mut self.req))
+        }
+
+        fn closing(&mut self, _: ()) -> bool {
+            self.closing
+        }
+
+        fn get_buffer(&mut self, _: (), attempt: Attempt) -> BufferStep {
+            self.calls.push(("get_buffer", attempt));
+            if self.buffer == BufferStep::Attached {
+                let mut buf = self.pool.get().expect("buffer");
+                buf.set_len(self.req.len as usize);
+                buf.fill(0);
+                self.req.data = Some(buf);
+            }
+            self.buffer
+        }
+
+        fn fetch_data(&mut self, _: (), attempt: Attempt) -> FetchStep {
+            self.calls.push(("fetch_data", attempt));
+            self.fetch
+        }
+
+        fn send_response(&mut self, _: (), attempt: Attempt) {
+            self.calls.push(("send_response", attempt));
+            assert_eq!(self.state, ReqState::NeedSend);
+            self.state = ReqState::Sending;
+        }
+
+        fn release(&mut self, _: ()) {
+            self.calls.push(("release", Attempt::Fresh));
+            self.state = ReqState::Free;
+        }
+    }
+
+    fn core() -> CoreCtx {
+        CoreCtx::new(0, Arc::new(TargetInfo::default()))
+    }
+
+    /// A Connect: 1,024 bytes of host data (all zeroes here: no such subsystem).
+    fn connect() -> Command {
+        let mut cmd = ConnectCommand::new(1, 0, 31, 0).to_command();
+        cmd.flags |= Command::FLAG_SGL;
+        cmd.dptr = SglDescriptor::keyed(0x1000, 1024, 0x1234, false);
+        cmd
+    }
+
+    #[test]
+    fn a_command_refused_in_prepare_is_answered_without_a_data_phase() {
+        let mut t = Fake::new(Command::read(7, 1, 0, 1));
+        start(&mut t, &mut core(), ());
+        assert_eq!(t.names(), ["send_response"]);
+        assert_eq!(t.req.status(), Status::COMMAND_SEQUENCE_ERROR.with_dnr());
+        assert_eq!(t.req.rsp.cid, 7);
+    }
+
+    #[test]
+    fn a_command_with_host_data_gets_a_buffer_then_the_data_then_executes_and_answers() {
+        let mut t = Fake::new(connect());
+        start(&mut t, &mut core(), ());
+        assert_eq!(t.names(), ["get_buffer", "fetch_data", "send_response"]);
+        assert!(t.calls.iter().all(|c| c.1 == Attempt::Fresh));
+        // Executed: the zeroed Connect data names no subsystem the core knows (a refusal in
+        // prepare would have skipped the buffer and the data).
+        assert!(!t.req.status().is_success());
+    }
+
+    #[test]
+    fn a_request_waiting_for_a_buffer_stops_and_its_retry_goes_on_from_there() {
+        let mut t = Fake::new(connect());
+        let mut core = core();
+        t.buffer = BufferStep::Wait;
+        start(&mut t, &mut core, ());
+        assert_eq!(t.state, ReqState::NeedBuffer);
+        assert_eq!(t.names(), ["get_buffer"]);
+        t.buffer = BufferStep::Attached;
+        process(&mut t, &mut core, (), Attempt::Retry);
+        assert_eq!(
+            t.calls[1..],
+            [
+                ("get_buffer", Attempt::Retry),
+                ("fetch_data", Attempt::Fresh),
+                ("send_response", Attempt::Fresh)
+            ],
+            "only the step taken from the FIFO is a retry"
+        );
+    }
+
+    #[test]
+    fn a_failed_step_answers_with_its_status() {
+        let mut t = Fake::new(connect());
+        t.buffer = BufferStep::Fail(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+        start(&mut t, &mut core(), ());
+        assert_eq!(t.names(), ["get_buffer", "send_response"]);
+        assert_eq!(t.req.status(), Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+
+        let mut t = Fake::new(connect());
+        t.fetch = FetchStep::Fail(Status::DATA_TRANSFER_ERROR);
+        start(&mut t, &mut core(), ());
+        assert_eq!(t.names(), ["get_buffer", "fetch_data", "send_response"]);
+        assert_eq!(t.req.status(), Status::DATA_TRANSFER_ERROR);
+    }
+
+    #[test]
+    fn a_posted_transfer_executes_when_the_data_arrives_and_is_released_if_it_failed() {
+        let mut core = core();
+        let mut t = Fake::new(connect());
+        t.fetch = FetchStep::Posted;
+        start(&mut t, &mut core, ());
+        assert_eq!(t.state, ReqState::Reading);
+        data_arrived(&mut t, &mut core, (), true);
+        assert_eq!(t.names(), ["get_buffer", "fetch_data", "send_response"]);
+
+        let mut t = Fake::new(connect());
+        t.fetch = FetchStep::Posted;
+        start(&mut t, &mut core, ());
+        data_arrived(&mut t, &mut core, (), false);
+        assert_eq!(t.names(), ["get_buffer", "fetch_data", "release"]);
+        assert_eq!(t.state, ReqState::Free);
+    }
+
+    #[test]
+    fn a_finished_request_on_a_closing_queue_is_released_not_answered() {
+        let mut core = core();
+        let mut t = Fake::new(connect());
+        t.fetch = FetchStep::Posted;
+        start(&mut t, &mut core, ());
+        t.closing = true;
+        data_arrived(&mut t, &mut core, (), true);
+        assert_eq!(t.names(), ["get_buffer", "fetch_data", "release"]);
+
+        let mut t = Fake::new(Command::read(7, 1, 0, 1));
+        t.closing = true;
+        start(&mut t, &mut core, ());
+        assert_eq!(t.names(), ["release"]);
+    }
+
+    #[test]
+    fn a_wakeup_for_a_request_that_is_not_executing_is_dropped() {
+        let mut core = core();
+        let mut t = Fake::new(connect());
+        t.fetch = FetchStep::Posted;
+        start(&mut t, &mut core, ());
+        resume(
+            &mut t,
+            &mut core,
+            (),
+            Wakeup::Aborted(Status::ABORTED_SQ_DELETION),
+        );
+        assert_eq!(t.state, ReqState::Reading);
+        assert_eq!(t.names(), ["get_buffer", "fetch_data"]);
+    }
+}

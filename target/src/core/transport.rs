@@ -5,11 +5,13 @@
 //! implement these traits: the core owns the interface, as the kernel's nvmet keeps its
 //! `nvmet_fabrics_ops` table in the core's header.
 //!
-//! A transport poll group owns its queue pairs and their requests. For each command capsule it
-//! calls [`CoreCtx::prepare`], attaches a data buffer and moves host data in when asked, calls
-//! [`CoreCtx::execute`], and on [`Exec::Complete`](crate::core::request::Exec) moves data out
-//! and sends the response. A pending request comes back through `resume` with the core's
-//! wakeup.
+//! A transport poll group owns its queue pairs and their requests, and drives each request
+//! with the core's one state machine ([`driver`](crate::core::driver)): it implements
+//! [`RequestTransport`](crate::core::driver::RequestTransport) (a data buffer, moving host data
+//! in, sending the response) and hands each command capsule to `driver::start`, each finished
+//! host transfer to `driver::data_arrived` and each of the core's wakeups (through `resume`)
+//! to `driver::resume`. When the core prepares, executes and resumes a request is decided
+//! there, once for every transport.
 
 use std::any::Any;
 use std::time::Duration;

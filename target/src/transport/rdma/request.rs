@@ -1,21 +1,14 @@
-//! The RDMA request path as an explicit state machine (NVMe-oF 1.1, 7.3 RDMA transport).
+//! An RDMA request: the core's request, the shared driver's state (`core::driver`, where the
+//! state machine and its diagram live), and what only RDMA needs: where the host's data is
+//! (keyed SGL or in-capsule), the capsule buffer, timestamps and the buffer class it holds;
+//! plus the work request ids and core tags that name it.
 //!
-//! ```text
-//!  Free ──capsule──► prepare ─┬─ Complete ──────────────────────────────► NeedSend
-//!                             ├─ NoData ───────────────────────────────► Executing
-//!                             └─ Data ──► NeedBuffer ─┬─ in-capsule copy ─► Executing
-//!                                                     ├─ to host ─────────► Executing
-//!                                                     └─ keyed write ──► NeedRead ─► Reading ─► Executing
-//!  Executing ──Complete (now or by wakeup)──► NeedSend ──► Batched ──► Sending ──SEND completion──► Free
-//! ```
-//!
-//! Each wait for a resource is a state plus a FIFO in the poll group, never a failure:
-//! `NeedBuffer` waits for the data buffer pool, `NeedRead` for a free RDMA READ slot (the
-//! initiator depth the host granted) and send queue room, `NeedSend` for send queue room.
-//! A response with data to the host goes out as RDMA WRITE + SEND; the WRITE is unsignaled,
-//! its slot is reclaimed with the SEND's completion. Responses are not posted one by one:
-//! `Batched` ones of a qpair go out in one chain per turn (SPDK's per-qpair send batching),
-//! one doorbell for many responses.
+//! The RDMA transport's steps (`steps.rs`) wait in the poll group's FIFOs: `NeedBuffer` for
+//! the data buffer pool (per class, within the qpair's share), `NeedRead` for a free RDMA
+//! READ slot (the initiator depth the host granted) and send queue room, `NeedSend` for send
+//! queue room. A response with data to the host goes out as RDMA WRITE + SEND; the WRITE is
+//! unsignaled, its slot is reclaimed with the SEND's completion. `Batched` responses of a
+//! qpair go out in one chain per turn (SPDK's per-qpair send batching), one doorbell for many.
 //!
 //! A response whose post fails is `Abandoned` if an RDMA WRITE from its buffer may have been
 //! posted (see `qpair::after_failed_post`), and its qpair is closed.
