@@ -13,7 +13,7 @@
 
 use std::any::Any;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crossbeam::queue::ArrayQueue;
@@ -47,6 +47,14 @@ struct PoolShared {
     /// Keeps the memory registration (owned by the RDMA layer) alive as long as any buffer.
     registration: OnceLock<Box<dyn Any + Send + Sync>>,
     huge_pages: bool,
+    /// Per buffer: how many bytes from its start are known to be zero (see
+    /// [`IoBuf::zero_fill`]). Every way to write a buffer (`as_mut_slice`, `addr`) resets it
+    /// first; only `zero_fill` sets it. Relaxed: a buffer moves between threads only through
+    /// the free queue, whose operations order everything done to it before.
+    zeroed: Box<[AtomicU32]>,
+    /// The registration lets peers write the pool (remote write or memory windows): what a
+    /// buffer holds can change without any call here, so nothing is known to be zero.
+    remote_writable: AtomicBool,
     // Declared last: dropped after the registration that refers to it.
     _map: MmapMut,
 }
@@ -103,6 +111,8 @@ impl BufferPool {
                 rkey: AtomicU32::new(0),
                 registration: OnceLock::new(),
                 huge_pages,
+                zeroed: (0..count).map(|_| AtomicU32::new(0)).collect(),
+                remote_writable: AtomicBool::new(false),
                 _map: map,
             }),
         })
@@ -157,6 +167,12 @@ impl BufferPool {
         self.shared.lkey.store(lkey, Ordering::Release);
         self.shared.rkey.store(rkey, Ordering::Release);
         Ok(())
+    }
+
+    /// Says that the registration lets peers write into the pool (remote write access, or
+    /// memory windows bound over it): [`IoBuf::zero_fill`] then always writes.
+    pub fn set_remote_writable(&self) {
+        self.shared.remote_writable.store(true, Ordering::Release);
     }
 
     pub fn is_registered(&self) -> bool {
@@ -279,6 +295,7 @@ impl IoBuf {
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.forget_zeroes();
         // SAFETY: as in `as_slice`; `&mut self` makes this the only live reference.
         #[allow(unsafe_code)]
         unsafe {
@@ -286,9 +303,49 @@ impl IoBuf {
         }
     }
 
-    /// Address of the buffer's first byte as the RDMA layer and the kernel see it.
+    /// Address of the buffer's first byte as the RDMA layer and the kernel see it. Whoever
+    /// asks may have the buffer written (an RDMA READ or receive into it, a read from a
+    /// file): the buffer is no longer known to be zero. For a device that only reads from
+    /// the buffer, see [`source_addr`](Self::source_addr).
     pub fn addr(&self) -> u64 {
+        self.forget_zeroes();
         self.start() as u64
+    }
+
+    /// The address for a device that only reads the buffer (the source of an RDMA WRITE or
+    /// SEND): unlike [`addr`](Self::addr) it keeps what is known about zeroes.
+    pub fn source_addr(&self) -> u64 {
+        self.start() as u64
+    }
+
+    /// Makes the first `len` bytes zero, writing them only if they are not known to be zero
+    /// already: a buffer a null read zeroed goes back to the pool and comes out for the next
+    /// null read without a write (4 KiB of `memset` per read otherwise). Known zeroes are
+    /// forgotten by every way to write the buffer, and never trusted in a pool peers may
+    /// write.
+    pub fn zero_fill(&mut self) {
+        let len = self.len;
+        let known = &self.shared.zeroed[self.index as usize];
+        let trusted = !self.shared.remote_writable.load(Ordering::Acquire);
+        if trusted && known.load(Ordering::Relaxed) as usize >= len {
+            return;
+        }
+        self.as_mut_slice().fill(0);
+        if trusted {
+            self.shared.zeroed[self.index as usize].store(len as u32, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes from the start known to be zero (for tests of the rules above).
+    pub fn known_zeroes(&self) -> usize {
+        self.shared.zeroed[self.index as usize].load(Ordering::Relaxed) as usize
+    }
+
+    fn forget_zeroes(&self) {
+        let known = &self.shared.zeroed[self.index as usize];
+        if known.load(Ordering::Relaxed) != 0 {
+            known.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Local key of the pool's registration (0 when the pool is not registered).
@@ -345,6 +402,53 @@ impl Drop for IoBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zeroed_buffer_is_not_written_again_until_something_may_have_written_it() {
+        let pool = BufferPool::new(8192, 1).unwrap();
+        let mut b = pool.get().unwrap();
+        b.as_mut_slice().fill(0xEE);
+        b.set_len(4096);
+        b.zero_fill();
+        assert!(b.iter().all(|&x| x == 0));
+        assert_eq!(b.known_zeroes(), 4096);
+        drop(b);
+        // Back from the pool: still known zero, for any length up to what was zeroed.
+        let mut b = pool.get().unwrap();
+        b.set_len(4096);
+        assert_eq!(b.known_zeroes(), 4096);
+        b.set_len(8192);
+        b.zero_fill();
+        assert_eq!(
+            b.known_zeroes(),
+            8192,
+            "a longer fill writes and grows the known part"
+        );
+        // Every way to write the buffer forgets its zeroes, so the next fill writes.
+        b.as_mut_slice()[100] = 7;
+        assert_eq!(b.known_zeroes(), 0);
+        b.zero_fill();
+        assert!(b.iter().all(|&x| x == 0), "the stale byte is gone");
+        let _ = b.addr();
+        assert_eq!(
+            b.known_zeroes(),
+            0,
+            "a device given the address may write it"
+        );
+        b.zero_fill();
+        let _ = b.source_addr();
+        let _ = b.as_slice();
+        assert_eq!(b.known_zeroes(), 8192, "readers keep the knowledge");
+    }
+
+    #[test]
+    fn a_pool_peers_may_write_never_trusts_its_zeroes() {
+        let pool = BufferPool::new(4096, 1).unwrap();
+        pool.set_remote_writable();
+        let mut b = pool.get().unwrap();
+        b.zero_fill();
+        assert_eq!(b.known_zeroes(), 0);
+    }
 
     #[test]
     fn buffers_are_distinct_aligned_and_return_on_drop() {

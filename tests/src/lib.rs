@@ -17,7 +17,7 @@ use nvmf_common::spec::identify::{Cns, IdentifyController};
 use nvmf_common::spec::registers::{Cc, Csts, Property};
 use nvmf_common::spec::sgl::SglDescriptor;
 use nvmf_common::spec::{Completion, Status};
-use nvmf_target::bdev::{BdevRef, MallocBdev};
+use nvmf_target::bdev::{BdevRef, MallocBdev, NullBdev};
 use nvmf_target::core::subsystem::ListenAddress;
 use nvmf_target::core::{PollGroup, TargetInfo};
 use nvmf_target::target::{NamespaceOptions, SubsystemOptions, Target};
@@ -75,6 +75,13 @@ impl LoopbackLab {
     /// A RAM bdev registered with the target.
     pub fn malloc(&mut self, name: &str, num_blocks: u64, block_size: u32) -> BdevRef {
         let bdev: BdevRef = Arc::new(MallocBdev::new(name, num_blocks, block_size, None).unwrap());
+        self.target.bdevs.register(Arc::clone(&bdev)).unwrap();
+        bdev
+    }
+
+    /// A null bdev (reads return zeroes, writes are dropped) registered with the target.
+    pub fn null(&mut self, name: &str, num_blocks: u64, block_size: u32) -> BdevRef {
+        let bdev: BdevRef = Arc::new(NullBdev::new(name, num_blocks, block_size, None).unwrap());
         self.target.bdevs.register(Arc::clone(&bdev)).unwrap();
         bdev
     }

@@ -123,6 +123,41 @@ fn admin(opcode: u8, nsid: u32, cdw10: u32, cdw11: u32) -> Command {
     c
 }
 
+/// A null bdev's reads are zeroes it need not write again while the buffer stays zero
+/// (`IoBuf::zero_fill`); a buffer another host's write went through must be zeroed again.
+/// Writes to the null namespace leave the marker in the pool buffers; every read after them,
+/// and after reads that reused zeroed buffers, must come back all zero.
+#[test]
+fn null_reads_never_return_bytes_a_write_left_in_the_pool() {
+    let mut rig = Rig::new();
+    rig.lab.null("Null0", 1024, 512);
+    rig.lab
+        .target
+        .add_namespace(
+            NQN,
+            nvmf_target::target::NamespaceOptions {
+                bdev_name: "Null0".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    rig.lab.pg.poll();
+    for round in 0..3 {
+        rig.dirty_the_pool();
+        // Twice the pool: the second pass reuses buffers the first pass zeroed.
+        for i in 0..2 * POOL_BUFFERS {
+            let cid = rig.nvm.cid();
+            let read = Command::read(cid, 2, 0, (DIRTY_LEN / 512) as u32);
+            let r = rig.nvm.io(&mut rig.lab, 0, reading(read, DIRTY_LEN));
+            expect_ok(&r);
+            assert!(
+                r.host_buffer.iter().all(|&b| b == 0),
+                "round {round}, read {i}: a null read returned non-zero bytes"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_probe_sees_a_leak_when_there_is_one() {
     // The detector itself: the pattern in a buffer is found at any phase.

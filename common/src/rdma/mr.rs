@@ -330,6 +330,12 @@ pub fn register_pool<V: Verbs>(
     // discipline the contract asks for.
     let mem = unsafe { DeviceMemory::new(addr, len, Arc::new(()))? };
     let mr = V::register(pd, mem, access)?;
+    if access.contains(AccessFlags::REMOTE_WRITE)
+        || access.contains(AccessFlags::REMOTE_ATOMIC)
+        || access.contains(AccessFlags::MW_BIND)
+    {
+        pool.set_remote_writable();
+    }
     let (lkey, rkey) = (mr.lkey(), mr.rkey());
     // Stored as an `Arc` so users can find the region again from a buffer
     // (`IoBuf::registration`), e.g. to bind memory windows over it.

@@ -105,7 +105,7 @@ impl BdevChannel for NullChannel {
         let result = check_range(self.num_blocks, &io, self.block_size);
         if result.is_ok() && io.kind == IoKind::Read {
             if let Some(buf) = io.buf.as_mut() {
-                buf.fill(0);
+                buf.zero_fill();
             }
         }
         self.done.complete(io, result);

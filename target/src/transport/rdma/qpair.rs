@@ -301,7 +301,9 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
                 .responses
                 .sge(offset, CQE_LEN)
                 .expect("slot inside the region")];
-            data_sges[j] = [qp.requests[si as usize].data_sge().unwrap_or_default()];
+            data_sges[j] = [qp.requests[si as usize]
+                .data_source_sge()
+                .unwrap_or_default()];
         }
         // Work request k of the chain: which request, and whether it is that request's WRITE.
         let mut at = [(0usize, false); MAX_CHAIN];

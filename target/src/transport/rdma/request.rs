@@ -82,9 +82,20 @@ impl RdmaRequest {
         }
     }
 
+    /// The data buffer as a scatter entry the NIC may write (an RDMA READ's destination).
     pub fn data_sge(&self) -> Option<Sge> {
         self.req.data.as_ref().map(|b| Sge {
             addr: b.addr(),
+            length: b.len() as u32,
+            lkey: b.lkey(),
+        })
+    }
+
+    /// The data buffer as a scatter entry the NIC only reads (an RDMA WRITE's source): keeps
+    /// what the buffer knows of its zeroes (`IoBuf::zero_fill`).
+    pub fn data_source_sge(&self) -> Option<Sge> {
+        self.req.data.as_ref().map(|b| Sge {
+            addr: b.source_addr(),
             length: b.len() as u32,
             lkey: b.lkey(),
         })
