@@ -46,7 +46,7 @@
 //!   padding, disconnect from either side (DREQ / DREP / timeout, time wait), id drop
 //!   semantics, CM timeouts.
 //! - Faults ([`SimFabric::faults`]): a failing `post_send` / `post_recv` at a chosen call and
-//!   index, held RDMA WRITEs, host crash (peers end in `RETRY_EXC_ERR` after the transport
+//!   index, held RDMA WRITEs, stray RDMA WRITEs a QP's owner never posted, host crash (peers end in `RETRY_EXC_ERR` after the transport
 //!   timeout), injected async events.
 //!
 //! Not simulated: SEND with immediate (posting it fails with `InvalidArgument`), atomics,
@@ -454,6 +454,9 @@ impl SimFabric {
     }
 }
 
+/// The work request id of a [`Faults::stray_write`]'s completion.
+pub const STRAY_WR_ID: u64 = u64::MAX;
+
 /// Fault injection on a fabric.
 pub struct Faults<'a> {
     fabric: &'a SimFabric,
@@ -524,6 +527,22 @@ impl Faults<'_> {
             st.hosts[h].crashed = true;
             st.trace(|| format!("fault: host {h} ({ip}) crashed"));
         }
+    }
+
+    /// QP `qp_num` RDMA WRITEs `data` to `remote_addr` under `rkey` at its peer, as if its
+    /// owner had posted it behind what it has posted: what a buggy or hostile peer does
+    /// with a key it should have forgotten. The completion (signaled, wr_id
+    /// [`STRAY_WR_ID`]) goes to the QP's send CQ; an rkey that no longer grants the access
+    /// fails there with `REM_ACCESS_ERR` and both QPs go to Error (the victim's device
+    /// raises `QP_ACCESS_ERR`). False if there is no such QP.
+    pub fn stray_write(&self, qp_num: u32, remote_addr: u64, rkey: u32, data: &[u8]) -> bool {
+        let mut st = self.fabric.lock();
+        let Some(&qp) = st.qp_by_num.get(&qp_num) else {
+            return false;
+        };
+        st.trace(|| format!("fault: qp={qp_num} stray WRITE of {} bytes", data.len()));
+        st.enqueue_stray_write(qp, remote_addr, rkey, data.to_vec());
+        true
     }
 
     /// Queues `ev` on the device of the host owning `ip`.

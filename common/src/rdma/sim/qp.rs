@@ -155,6 +155,35 @@ impl FabricState {
         Ok(())
     }
 
+    /// A WRITE the QP's owner did not post ([`Faults::stray_write`](super::Faults::stray_write)),
+    /// queued like a posted one (beyond the QP's send queue size: it is a fault).
+    pub(crate) fn enqueue_stray_write(
+        &mut self,
+        qp: ObjId,
+        remote_addr: u64,
+        rkey: u32,
+        data: Vec<u8>,
+    ) {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        let (psn, wire_psn) = (q.next_psn, q.next_wire_psn);
+        q.next_psn += 1;
+        q.next_wire_psn += 1;
+        q.sq.push_back(SendWqe {
+            wr_id: super::STRAY_WR_ID,
+            op: WqeOp::Write { remote_addr, rkey },
+            data: WqeData::Inline(data),
+            signaled: true,
+            fence: false,
+            psn,
+            wire_psn,
+            state: WqeSt::Pending,
+            rnr_left: None,
+        });
+        self.kick(qp);
+    }
+
     pub(crate) fn post_recv_qp(&mut self, qp: ObjId, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.stats.post_recv_calls += 1;
         let q = self

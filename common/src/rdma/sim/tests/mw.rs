@@ -32,7 +32,12 @@ fn bind_status(p: &Pair, mw: &SimMw, buf: &DmaBuf<SimVerbs>, access: AccessFlags
     let wcs = wait_cqes(&p.fabric, &p.client.cq, 1);
     assert_eq!(wcs[0].wr_id(), 77);
     // A failed bind puts the QP in Error: its receives are flushed behind it.
-    assert!(wcs[1..].iter().all(|w| w.status() == WcStatus::WR_FLUSH_ERR), "{wcs:?}");
+    assert!(
+        wcs[1..]
+            .iter()
+            .all(|w| w.status() == WcStatus::WR_FLUSH_ERR),
+        "{wcs:?}"
+    );
     if wcs[0].is_success() {
         assert_eq!(wcs[0].opcode(), WcOpcode::BIND_MW);
     }
@@ -457,4 +462,42 @@ fn a_bind_runs_once_in_order_across_an_rnr_retry() {
         vec![(200, WcStatus::SUCCESS), (201, WcStatus::SUCCESS)]
     );
     assert_eq!(server_read(&p, &buf, WIN_OFF, 8, key).0, WcStatus::SUCCESS);
+}
+
+#[test]
+fn a_stray_write_lands_with_a_live_key_and_not_with_an_invalidated_one() {
+    let mut p = mw_pair();
+    let buf = bindable(&p);
+    let mw = SimVerbs::alloc_mw(&p.client.pd).unwrap();
+    let key = bind(&p, &mw, &buf, RW);
+    let addr = buf.mr().remote_addr(WIN_OFF);
+    let server = p.server.qp.qp_num();
+    // While the key is valid, a write the server's owner never posted lands (the window
+    // cannot tell) ...
+    assert!(p.fabric.faults().stray_write(server, addr, key, b"early"));
+    let wcs = wait_cqes(&p.fabric, &p.server.cq, 1);
+    assert_eq!(statuses(&wcs), vec![(STRAY_WR_ID, WcStatus::SUCCESS)]);
+    assert_eq!(client_bytes(&buf, WIN_OFF, 5), b"early");
+    // ... and once the server invalidated it with its response, it does not.
+    let sge = stage(&mut p.server, b"done");
+    p.server
+        .qp
+        .post_send(&[SendWr::send_with_invalidate(1, from_ref(&sge), key)])
+        .unwrap();
+    assert_eq!(
+        statuses(&wait_cqes(&p.fabric, &p.server.cq, 1)),
+        vec![(1, WcStatus::SUCCESS)]
+    );
+    assert!(p.fabric.faults().stray_write(server, addr, key, b"late!"));
+    let wcs = wait_cqes(&p.fabric, &p.server.cq, 1);
+    assert_eq!(
+        statuses(&wcs),
+        vec![(STRAY_WR_ID, WcStatus::REM_ACCESS_ERR)]
+    );
+    assert_eq!(client_bytes(&buf, WIN_OFF, 5), b"early");
+    assert_eq!(
+        p.client.ctx.take_async_event().map(|e| e.kind),
+        Some(SimAsyncEventKind::QpAccessErr)
+    );
+    assert!(!p.fabric.faults().stray_write(0xdead, addr, key, b"x"));
 }
