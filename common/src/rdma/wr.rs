@@ -284,9 +284,13 @@ fn num_sge(n: usize) -> Result<libc::c_int> {
 }
 
 /// Checks what the provider would otherwise find out halfway through a chain (or, for inline
-/// data, what it might not check at all). Provider-neutral: each provider also checks its
-/// binds' windows and regions ([`MwBind::validate`]).
-pub(crate) fn validate_send(max_inline: u32, wrs: &[SendWr<'_>]) -> Result<()> {
+/// data, what it might not check at all). Each bind also goes through the provider's
+/// `check_bind` (its objects' types, then [`MwBind::validate`]).
+pub(crate) fn validate_send(
+    max_inline: u32,
+    wrs: &[SendWr<'_>],
+    check_bind: impl Fn(&MwBind<'_>) -> Result<()>,
+) -> Result<()> {
     for (i, wr) in wrs.iter().enumerate() {
         if let Payload::Inline(data) = wr.payload {
             if matches!(wr.op, SendOp::RdmaRead { .. }) {
@@ -300,6 +304,7 @@ pub(crate) fn validate_send(max_inline: u32, wrs: &[SendWr<'_>]) -> Result<()> {
         }
         num_sge(wr.payload.len())?;
         if let SendOp::BindMw(b) = wr.op {
+            check_bind(&b)?;
             let twice = wrs[..i].iter().any(
                 |w| matches!(w.op, SendOp::BindMw(p) if ptr::eq(p.window_addr(), b.window_addr())),
             );
@@ -324,13 +329,10 @@ pub(crate) unsafe fn post_send(
     max_inline: u32,
     wrs: &[SendWr<'_>],
 ) -> Result<()> {
-    validate_send(max_inline, wrs)?;
-    for wr in wrs {
-        if let SendOp::BindMw(b) = wr.op {
-            let (mw, mr) = b.downcast::<MemoryWindow, MemoryRegion>()?;
-            b.validate(&**mr, Arc::ptr_eq(mw.pd(), mr.pd()))?;
-        }
-    }
+    validate_send(max_inline, wrs, |b| {
+        let (mw, mr) = b.downcast::<MemoryWindow, MemoryRegion>()?;
+        b.validate(&**mr, Arc::ptr_eq(mw.pd(), mr.pd()))
+    })?;
     for (chunk_no, chunk) in wrs.chunks(MAX_CHAIN).enumerate() {
         let base = chunk_no * MAX_CHAIN;
         // SAFETY: forwarded from the caller; the chunk was validated.
@@ -557,6 +559,37 @@ mod tests {
     }
 
     #[test]
+    fn a_bind_names_its_providers_objects() {
+        let (mw, mr) = (7u8, Arc::new(9u16));
+        let b = MwBind {
+            mw: &mw,
+            mr: &mr,
+            offset: 0,
+            len: 1,
+            access: AccessFlags::REMOTE_READ,
+            rkey: 1,
+        };
+        let (w, r) = b.downcast::<u8, u16>().unwrap();
+        assert_eq!((*w, **r), (7, 9));
+        // Another provider's window or region type is refused, not misread.
+        assert!(matches!(
+            b.downcast::<MemoryWindow, u16>(),
+            Err(RdmaError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            b.downcast::<u8, MemoryRegion>(),
+            Err(RdmaError::InvalidArgument(_))
+        ));
+        // The same window twice in one post is refused before any provider sees it.
+        let wr = SendWr::new(1, SendOp::BindMw(b), Payload::Sges(&[]));
+        assert!(matches!(
+            validate_send(0, &[wr, wr], |_| Ok(())),
+            Err(RdmaError::InvalidArgument(_))
+        ));
+        validate_send(0, &[wr], |_| Ok(())).unwrap();
+    }
+
+    #[test]
     fn inline_read_is_rejected_before_any_verb() {
         let wr = SendWr::new(
             1,
@@ -566,12 +599,12 @@ mod tests {
             },
             Payload::Inline(b"x"),
         );
-        let err = validate_send(64, &[wr]).unwrap_err();
+        let err = validate_send(64, &[wr], |_| Ok(())).unwrap_err();
         assert!(matches!(err, RdmaError::InvalidArgument(_)));
         let wr = SendWr::send_inline(1, &[0u8; 65]);
-        let err = validate_send(64, &[wr]).unwrap_err();
+        let err = validate_send(64, &[wr], |_| Ok(())).unwrap_err();
         assert!(matches!(err, RdmaError::InvalidArgument(_)));
         let wr = SendWr::send_inline(1, &[0u8; 64]);
-        validate_send(64, &[wr]).unwrap();
+        validate_send(64, &[wr], |_| Ok(())).unwrap();
     }
 }

@@ -32,7 +32,7 @@ use super::super::cq::WcStatus;
 use super::super::error::{RdmaError, Result};
 use super::super::mr::AccessFlags;
 use super::super::verbs::{VerbsMr, VerbsMw, VerbsPd};
-use super::super::wr::{SendOp, SendWr};
+use super::super::wr::{MwBind, SendOp, SendWr};
 use super::fabric::{FabricState, MrEntry, ObjId};
 use super::handles::{SimMr, SimPd};
 
@@ -147,22 +147,19 @@ impl Drop for SimMw {
     }
 }
 
-/// The post-time checks of every bind in `wrs` ([`MwBind::validate`](super::super::wr::MwBind)),
-/// and what the send queue keeps of each.
-pub(crate) fn check_bind(op: &SendOp<'_>) -> Result<Option<BindWqe>> {
-    let SendOp::BindMw(b) = op else {
-        return Ok(None);
-    };
+/// The post-time checks of a bind (its objects are the sim's, then [`MwBind::validate`]),
+/// and what the send queue keeps of it.
+pub(crate) fn check_bind(b: &MwBind<'_>) -> Result<BindWqe> {
     let (mw, mr) = b.downcast::<SimMw, SimMr>()?;
     b.validate(&**mr, Arc::ptr_eq(mw.pd(), mr.pd()))?;
-    Ok(Some(BindWqe {
+    Ok(BindWqe {
         index: mw.index,
         rkey: b.rkey,
         mr: mr.lkey(),
         addr: mr.remote_addr(b.offset),
         len: b.len as u64,
         access: b.access,
-    }))
+    })
 }
 
 /// Records the binds among posted requests in their windows.

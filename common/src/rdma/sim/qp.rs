@@ -56,10 +56,7 @@ impl FabricState {
                 "SEND with immediate data is not simulated",
             ));
         }
-        validate_send(max_inline, wrs)?;
-        for wr in wrs {
-            check_bind(&wr.op)?;
-        }
+        validate_send(max_inline, wrs, |b| check_bind(b).map(drop))?;
         let fail_at = fault.map(|f| (f.index.min(wrs.len().saturating_sub(1)), f.errno));
         let res = self.enqueue_sends(qp, wrs, fail_at);
         self.trace(|| {
@@ -121,10 +118,10 @@ impl FabricState {
                 SendOp::RdmaWrite { remote_addr, rkey } => WqeOp::Write { remote_addr, rkey },
                 SendOp::RdmaRead { remote_addr, rkey } => WqeOp::Read { remote_addr, rkey },
                 SendOp::LocalInvalidate { rkey } => WqeOp::LocalInv { rkey },
-                SendOp::BindMw(_) => match check_bind(&wr.op) {
-                    Ok(Some(b)) => WqeOp::Bind(b),
+                SendOp::BindMw(b) => match check_bind(&b) {
+                    Ok(b) => WqeOp::Bind(b),
                     // Checked before anything was posted.
-                    _ => return Err(fail(libc::EINVAL)),
+                    Err(_) => return Err(fail(libc::EINVAL)),
                 },
                 // Refused before anything was posted.
                 SendOp::SendWithImm { .. } => return Err(fail(libc::EINVAL)),

@@ -501,3 +501,33 @@ fn a_stray_write_lands_with_a_live_key_and_not_with_an_invalidated_one() {
     );
     assert!(!p.fabric.faults().stray_write(0xdead, addr, key, b"x"));
 }
+
+#[test]
+fn a_bind_of_objects_that_are_not_the_sims_is_refused() {
+    let p = mw_pair();
+    let buf = bindable(&p);
+    let not_a_window = 0u32;
+    let wr = SendWr::new(
+        1,
+        crate::rdma::wr::SendOp::BindMw(crate::rdma::wr::MwBind {
+            mw: &not_a_window,
+            mr: buf.mr(),
+            offset: 0,
+            len: 64,
+            access: RW,
+            rkey: 0x100,
+        }),
+        crate::rdma::wr::Payload::Sges(&[]),
+    );
+    assert!(matches!(
+        p.client.qp.post_send(&[wr]),
+        Err(RdmaError::InvalidArgument(_))
+    ));
+    assert_eq!(p.client.qp.send_queue_used(), 0);
+}
+
+#[test]
+fn windows_are_send() {
+    fn send<T: Send + 'static>() {}
+    send::<SimMw>();
+}
