@@ -462,7 +462,9 @@ impl FabricState {
         let d = &self.qps[&dst];
         if wire_psn != d.rx_psn {
             let (num, want) = (d.num, d.rx_psn);
-            self.trace(|| format!("rx qp={num} psn={wire_psn} dropped (expected {want})"));
+            self.trace(|| {
+                format!("rx qp={num} psn={psn} (wire {wire_psn}) dropped (expected {want})")
+            });
             return;
         }
         let (host, num, pd) = (d.host, d.num, d.pd);
