@@ -28,8 +28,8 @@
 //! [`Controller::connect_with_pd_using`] over any provider. Every deadline, timeout,
 //! keep-alive, reconnect delay and idle wait is on the provider's clock ([`Verbs::now`],
 //! [`Verbs::sleep`]), so a simulated fabric can run them in virtual time. Memory windows
-//! exist only over the real verbs; under another provider they are off (as on a device
-//! without them).
+//! are the provider's too ([`Verbs::alloc_mw`]): used wherever the device reports type 2
+//! windows (see [`MemoryWindows`]).
 //!
 //! [`MAX_RETRIES`]: crate::qpair::MAX_RETRIES
 
@@ -175,8 +175,7 @@ impl std::str::FromStr for MemoryWindows {
 }
 
 impl MemoryWindows {
-    /// Whether commands get their own keys on `pd`'s device; never under a provider other
-    /// than [`RealVerbs`], which has no memory windows.
+    /// Whether commands get their own keys on `pd`'s device.
     fn enabled<V: Verbs>(self, pd: &Arc<V::Pd>) -> bool {
         match self {
             Self::Off => false,

@@ -30,13 +30,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvmf_common::buffer::IoBuf;
-use nvmf_common::rdma::{AccessFlags, DmaBuf, RealVerbs, Sge, Verbs, VerbsMr};
+use nvmf_common::rdma::{AccessFlags, DmaBuf, RealVerbs, Sge, Verbs, VerbsMr, VerbsPd};
 use nvmf_common::spec::{Command, Completion, ConnectCommand, ConnectData, Status};
 use zerocopy::IntoBytes;
 
 use crate::controller::{connect_error, Shared, STATE_LIVE, STATE_RESETTING};
 use crate::error::{Error, QueueFault, Result};
-use crate::transport::{real_mr, real_pd, Data, KeyStats, RdmaQueue, POLL_BATCH};
+use crate::transport::{Data, KeyStats, RdmaQueue, POLL_BATCH};
 
 /// Times a command is resubmitted after timing out (with reconnect configured), as Linux's
 /// `nvme_max_retries`.
@@ -510,12 +510,9 @@ impl<V: Verbs> IoQpair<V> {
         if let Some(b) = &buf {
             let keyed = dir == DataDir::FromController
                 || (dir == DataDir::ToController && b.len() as u64 > u64::from(self.in_capsule));
-            // Windows are only ever on with the real provider (`Shared::windows`), where
-            // both downcasts succeed.
+            // A window can only be bound to a region of its own PD, the controller's.
             let bindable = || match window_over::<V>(b, dir) {
-                Some(Data::Window { mr, .. }) => real_mr::<V>(mr)
-                    .zip(real_pd::<V>(&self.shared.pd))
-                    .is_some_and(|(mr, pd)| Arc::ptr_eq(mr.pd(), pd)),
+                Some(Data::Window { mr, .. }) => self.shared.pd.holds(mr),
                 _ => false,
             };
             if keyed && self.shared.windows && !bindable() {

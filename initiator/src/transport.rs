@@ -26,18 +26,17 @@
 //! remote access.
 //!
 //! The queue is generic over the verbs provider `V` ([`Verbs`]); its clock and idle waits
-//! are the provider's ([`Verbs::now`], [`Verbs::sleep`]). Memory windows are not part of
-//! the provider interface: they exist for `RealVerbs` only (see [`real_pd`]).
+//! are the provider's ([`Verbs::now`], [`Verbs::sleep`]), and so are its windows
+//! ([`Verbs::alloc_mw`]).
 
-use std::any::Any;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nvmf_common::rdma::{
-    AccessFlags, CmEvent, CmEventKind, ConnParams, DeviceCapFlags, DmaBuf, MemoryRegion,
-    MemoryWindow, ProtectionDomain, QpCaps, RdmaError, RecvWr, SendWr, Sge, Verbs, VerbsChannel,
-    VerbsCmId, VerbsContext, VerbsCq, VerbsMr, VerbsPd, VerbsQp, WcStatus, WorkCompletion,
+    AccessFlags, CmEvent, CmEventKind, ConnParams, DmaBuf, QpCaps, RdmaError, RecvWr, SendWr, Sge,
+    Verbs, VerbsChannel, VerbsCmId, VerbsContext, VerbsCq, VerbsMr, VerbsMw, VerbsPd, VerbsQp,
+    WcStatus, WorkCompletion,
 };
 use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmReject, RdmaCmRejectStatus, RdmaCmRequest};
 use nvmf_common::spec::{Command, Completion, SglDescriptor};
@@ -75,8 +74,7 @@ pub(crate) enum Data<'a, V: Verbs> {
     },
     /// `len` bytes at `offset` of `mr`, exposed for this command alone through the CID's
     /// memory window with `access` (see the module docs). Only on queues with
-    /// [`RdmaQueue::has_windows`] (so only with `RealVerbs`, whose `mr` is a
-    /// [`MemoryRegion`]).
+    /// [`RdmaQueue::has_windows`]; `mr` must be registered on the queue's PD with MW_BIND.
     Window {
         mr: &'a Arc<V::Mr>,
         offset: usize,
@@ -120,34 +118,12 @@ pub struct KeyStats {
     pub local_invalidations: u64,
 }
 
-/// The real protection domain behind `pd` when the provider is `RealVerbs`, else `None`.
-///
-/// Memory windows ([`MemoryWindow`], [`SendWr::bind_mw`], the LOCAL_INV of their keys) are
-/// not part of the [`Verbs`] interface: they exist only over the real verbs, and take the
-/// real [`ProtectionDomain`] and [`MemoryRegion`]. So windows are available exactly when
-/// this downcast succeeds; under any other provider they are off, and commands carry the
-/// pool registration's key, as on a device without windows. For `RealVerbs` the check is a
-/// comparison of two constant type ids, which the compiler folds away.
-pub(crate) fn real_pd<V: Verbs>(pd: &Arc<V::Pd>) -> Option<&Arc<ProtectionDomain>> {
-    (pd as &dyn Any).downcast_ref::<Arc<ProtectionDomain>>()
-}
-
-/// The real registration behind `mr` when the provider is `RealVerbs` (see [`real_pd`]).
-pub(crate) fn real_mr<V: Verbs>(mr: &Arc<V::Mr>) -> Option<&Arc<MemoryRegion>> {
-    (mr as &dyn Any).downcast_ref::<Arc<MemoryRegion>>()
-}
-
 /// Whether `pd`'s device can give each command its own key: type 2 memory windows, and
-/// the invalidation verbs. Always false for a provider other than `RealVerbs`, which has
-/// no windows (see [`real_pd`]).
+/// the invalidation verbs.
 pub(crate) fn device_has_windows<V: Verbs>(pd: &Arc<V::Pd>) -> bool {
-    real_pd::<V>(pd).is_some()
-        && pd.context().query_device().is_ok_and(|a| {
-            let caps = a.device_cap_flags;
-            caps.contains(DeviceCapFlags::MEM_MGT_EXTENSIONS)
-                && (caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2B)
-                    || caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2A))
-        })
+    pd.context()
+        .query_device()
+        .is_ok_and(|a| a.has_type2_windows())
 }
 
 /// A connected queue.
@@ -156,9 +132,8 @@ pub(crate) struct RdmaQueue<V: Verbs> {
     // the QP it was bound through, and rxe's QP destruction waits (for long, then warns)
     // for such references to go. Deallocating a window revokes its key, so this is safe
     // whatever state the QP is in. Then the QP (and its CQ) before the CM id and its channel.
-    /// One per CID when the queue gives commands their own keys; empty otherwise (always
-    /// empty under a provider other than `RealVerbs`).
-    windows: Vec<MemoryWindow>,
+    /// One per CID when the queue gives commands their own keys; empty otherwise.
+    windows: Vec<V::Mw>,
     qp: V::Qp,
     cq: Arc<V::Cq>,
     id: V::CmId,
@@ -276,7 +251,7 @@ impl<V: Verbs> RdmaQueue<V> {
     /// Resolves `peer`, creates the QP on `pd` (or on a new PD of the device the route goes
     /// through, returned), connects with the NVMe-oF private data and waits for the accept.
     /// The queue has `depth` entries (at least 2); with `windows`, one memory window per
-    /// entry (see the module docs; only with `RealVerbs`).
+    /// entry (see the module docs).
     pub(crate) fn connect(
         verbs: &V,
         peer: SocketAddr,
@@ -358,13 +333,8 @@ impl<V: Verbs> RdmaQueue<V> {
         let rsps = DmaBuf::<V>::new(&pd, depth as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
             .map_err(|e| Error::rdma("registering response buffers", e))?;
         let windows = if windows {
-            let Some(real) = real_pd::<V>(&pd) else {
-                return Err(Error::Invalid(
-                    "memory windows exist only over the real verbs provider".into(),
-                ));
-            };
             (0..depth)
-                .map(|_| MemoryWindow::new(real))
+                .map(|_| V::alloc_mw(&pd))
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| Error::rdma("allocating memory windows", e))?
         } else {
@@ -496,10 +466,7 @@ impl<V: Verbs> RdmaQueue<V> {
                 len,
                 access,
             } => {
-                // Windows exist only over the real verbs: `real_mr` always succeeds where
-                // the queue has windows.
-                let (Some(mw), Some(real)) = (self.windows.get(usize::from(cid)), real_mr::<V>(mr))
-                else {
+                let Some(mw) = self.windows.get(usize::from(cid)) else {
                     self.free.push(cid);
                     return Err(QueueFault::Verb("this queue has no memory windows".into()));
                 };
@@ -516,7 +483,7 @@ impl<V: Verbs> RdmaQueue<V> {
                     SendWr::bind_mw(
                         BIND_BIT | u64::from(cid),
                         mw,
-                        real,
+                        mr,
                         offset,
                         len as usize,
                         access,

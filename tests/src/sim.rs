@@ -82,14 +82,29 @@ impl SimLab {
         reactors: usize,
         attr: DeviceAttr,
     ) -> Self {
-        let fabric = SimFabric::new(SimConfig {
+        Self::with_fabric(Self::fabric_config(seed), opts, reactors, attr)
+    }
+
+    /// The fabric every lab runs on, before a test changes it (to record payloads, say).
+    pub fn fabric_config(seed: u64) -> SimConfig {
+        SimConfig {
             seed,
             // An RNR NAK timer of a few milliseconds, as RoCE NICs use: a host that never
             // posts receives then costs the simulation hundreds, not hundreds of thousands,
             // of retries per simulated second.
             rnr_timer_ns: 2_000_000,
             ..SimConfig::default()
-        });
+        }
+    }
+
+    /// A lab on a fabric made with `cfg`, its target device with `attr`.
+    pub fn with_fabric(
+        cfg: SimConfig,
+        opts: TransportOptions,
+        reactors: usize,
+        attr: DeviceAttr,
+    ) -> Self {
+        let fabric = SimFabric::new(cfg);
         let verbs = fabric.add_host_with(target_ip(), attr, "sim-target");
         let bdev: BdevRef = Arc::new(MallocBdev::new("Malloc0", 4096, 512, None).unwrap());
         Self::on_host(fabric, verbs, bdev, opts, reactors)

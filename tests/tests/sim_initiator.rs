@@ -1,6 +1,7 @@
 //! The initiator (`nvmf-initiator`) over the simulated RDMA fabric against the real target,
 //! with no VM and no RDMA device: reads and writes verified through keyed SGLs and in-capsule
-//! data, a reconnect after the target restarts, and keep-alive expiry (issue 11).
+//! data, per-command keys through memory windows, a reconnect after the target restarts, and
+//! keep-alive expiry (issue 11).
 //!
 //! # Driving both sides from one thread
 //!
@@ -32,20 +33,27 @@
 //! deadlines, keep-alive and reconnect delays are `SimVerbs::now`, and the polling loops here
 //! advance it with `SimVerbs::sleep`. Seconds of virtual time take milliseconds of wall time.
 //!
-//! Memory windows are not simulated (and the initiator uses them only over the real verbs):
-//! every keyed SGL here carries the buffer pool registration's key.
+//! Memory windows: the sim's default device has none, so most tests' keyed SGLs carry the
+//! buffer pool registration's key. Devices made with `windows_device_attr` have type 2B
+//! windows and the invalidation verbs; there the initiator gives each keyed command its own
+//! window key, the target invalidates it with SEND_WITH_INVALIDATE (or, on a target device
+//! without remote invalidation, the initiator with LOCAL_INV), and a stale key reaches
+//! nothing (`Faults::stray_write`).
 
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nvmf_common::buffer::{BufferPool, IoBuf};
-use nvmf_common::rdma::sim::{HostRx, SimFabric, SimStats, SimVerbs};
-use nvmf_common::rdma::Verbs;
-use nvmf_common::spec::Status;
+use nvmf_common::rdma::sim::{
+    default_device_attr, windows_device_attr, DeliveredKind, HostRx, SimAsyncEventKind, SimConfig,
+    SimFabric, SimStats, SimVerbs,
+};
+use nvmf_common::rdma::{DeviceAttr, Verbs};
+use nvmf_common::spec::{Command, SglKind, Status};
 use nvmf_initiator::{
     Controller, ControllerEvent, ControllerOptions, Error, IoCompletion, IoQpair, IoStatus,
-    QpairState, Reconnect, SubmitErrorKind, TransportId,
+    MemoryWindows, QpairState, Reconnect, SubmitErrorKind, TransportId,
 };
 use nvmf_target::bdev::BdevRef;
 use nvmf_target::core::controller::ControllerShared;
@@ -98,11 +106,43 @@ struct Rig {
     down: Option<(SimVerbs, BdevRef)>,
 }
 
+/// The devices of a rig's target and initiator host, and its fabric.
+struct Devices {
+    cfg: SimConfig,
+    target: DeviceAttr,
+    host: DeviceAttr,
+    host_name: &'static str,
+}
+
+impl Devices {
+    fn plain(seed: u64) -> Self {
+        Self {
+            cfg: SimLab::fabric_config(seed),
+            target: default_device_attr(),
+            host: default_device_attr(),
+            host_name: "sim-host",
+        }
+    }
+
+    /// Both ends with type 2B memory windows and remote invalidation.
+    fn windows(seed: u64) -> Self {
+        Self {
+            target: windows_device_attr(),
+            host: windows_device_attr(),
+            ..Self::plain(seed)
+        }
+    }
+}
+
 impl Rig {
     fn new(seed: u64, opts: TransportOptions) -> Self {
-        let lab = SimLab::with(seed, opts.clone(), 1);
+        Self::with_devices(Devices::plain(seed), opts)
+    }
+
+    fn with_devices(dev: Devices, opts: TransportOptions) -> Self {
+        let lab = SimLab::with_fabric(dev.cfg, opts.clone(), 1, dev.target);
         let fabric = lab.fabric.clone();
-        let host = fabric.add_host(host_ip(1));
+        let host = fabric.add_host_with(host_ip(1), dev.host, dev.host_name);
         LAB.with(|cell| {
             let mut slot = cell.borrow_mut();
             assert!(slot.is_none(), "one rig per thread at a time");
@@ -318,7 +358,10 @@ fn keyed_io(seed: u64) -> (SimStats, u64, HostRx, HostRx, Vec<String>) {
         },
     );
     assert_eq!(h.ctrl.in_capsule_size(), 0, "in-capsule data is off");
-    assert!(!h.ctrl.uses_memory_windows(), "no windows over the sim");
+    assert!(
+        !h.ctrl.uses_memory_windows(),
+        "no windows on the sim's default device"
+    );
     assert_eq!(
         h.ctrl.max_transfer(),
         128 * 1024,
@@ -481,6 +524,192 @@ fn in_capsule_size_follows_the_targets_ioccsz() {
         SQE + data.len() as u64
     );
     assert!(h.read(64, data.len()) == data);
+}
+
+/// Host options asking for per-command keys, every transfer keyed (no in-capsule data).
+fn window_options() -> ControllerOptions {
+    ControllerOptions {
+        in_capsule_data: false,
+        memory_windows: MemoryWindows::On,
+        ..host_options()
+    }
+}
+
+/// Writes every extent of [`SPREAD`] and reads them back, verifying the bytes; returns the
+/// number of keyed commands.
+fn spread_write_read(h: &mut Host) -> u64 {
+    for (i, &(slba, len)) in SPREAD.iter().enumerate() {
+        h.submit_write(slba, &pattern(i as u8 + 1, len), i as u64);
+    }
+    for c in h.wait(SPREAD.len(), IO_LIMIT) {
+        assert!(c.status.is_success(), "write {}: {}", c.tag, c.status);
+    }
+    for (i, &(slba, len)) in SPREAD.iter().enumerate() {
+        h.submit_read(slba, len, i as u64);
+    }
+    for c in h.wait(SPREAD.len(), IO_LIMIT) {
+        assert!(c.status.is_success(), "read {}: {}", c.tag, c.status);
+        let (slba, len) = SPREAD[c.tag as usize];
+        assert!(
+            c.buf.as_ref().unwrap().as_slice() == pattern(c.tag as u8 + 1, len).as_slice(),
+            "read back at LBA {slba} ({len} bytes) differs"
+        );
+    }
+    2 * SPREAD.len() as u64
+}
+
+#[test]
+fn memory_windows_key_every_command_and_the_target_invalidates_each_key() {
+    let rig = Rig::with_devices(Devices::windows(3), target_options());
+    let mut h = Host::connect(&rig, window_options());
+    assert!(h.ctrl.uses_memory_windows());
+    // The pool is registered for windows only: its own registration has no remote key.
+    assert_eq!(h.buf(BLOCK).rkey(), 0);
+    let (host0, target0) = (rig.host_rx(), rig.target_rx());
+    let keyed = spread_write_read(&mut h);
+    // Every byte moved by RDMA through the windows (the capsules carry none).
+    let total: u64 = SPREAD.iter().map(|&(_, len)| len as u64).sum();
+    let host1 = rig.host_rx();
+    assert_eq!(host1.read_bytes - host0.read_bytes, total);
+    assert_eq!(host1.write_bytes - host0.write_bytes, total);
+    assert_eq!(rig.target_rx().send_bytes - target0.send_bytes, SQE * keyed);
+    // The target answered each keyed command with SEND_WITH_INVALIDATE of its key.
+    let st = h.qp.stats();
+    assert_eq!(
+        (st.remote_invalidations, st.local_invalidations),
+        (keyed, 0),
+        "{st:?}"
+    );
+    let Host { qp, ctrl, .. } = h;
+    qp.disconnect();
+    ctrl.disconnect().expect("orderly shutdown (CC.SHN)");
+    rig.lab(|lab| lab.assert_drained());
+}
+
+#[test]
+fn without_remote_invalidation_the_initiator_invalidates_each_key_itself() {
+    // The target's device has no memory management extensions: it answers with plain
+    // SENDs, and the initiator posts a LOCAL_INV of the command's key before completing it.
+    let dev = Devices {
+        target: default_device_attr(),
+        ..Devices::windows(4)
+    };
+    let rig = Rig::with_devices(dev, target_options());
+    let mut h = Host::connect(&rig, window_options());
+    assert!(h.ctrl.uses_memory_windows());
+    let keyed = spread_write_read(&mut h);
+    let st = h.qp.stats();
+    assert_eq!(
+        (st.remote_invalidations, st.local_invalidations),
+        (0, keyed),
+        "{st:?}"
+    );
+}
+
+#[test]
+fn auto_uses_windows_except_on_soft_roce() {
+    let auto = || ControllerOptions {
+        memory_windows: MemoryWindows::Auto,
+        ..host_options()
+    };
+    {
+        let rig = Rig::with_devices(Devices::windows(5), target_options());
+        let h = Host::connect(&rig, auto());
+        assert!(h.ctrl.uses_memory_windows(), "a device with windows");
+    }
+    {
+        let dev = Devices {
+            host_name: "rxe0",
+            ..Devices::windows(5)
+        };
+        let rig = Rig::with_devices(dev, target_options());
+        let h = Host::connect(&rig, auto());
+        assert!(!h.ctrl.uses_memory_windows(), "soft-RoCE is left out");
+        let mut h2 = Host::connect(
+            &rig,
+            ControllerOptions {
+                memory_windows: MemoryWindows::On,
+                ..host_options()
+            },
+        );
+        assert!(h2.ctrl.uses_memory_windows(), "unless asked for");
+        h2.write(0, &pattern(9, 4 * KIB));
+        assert!(h2.read(0, 4 * KIB) == pattern(9, 4 * KIB));
+    }
+    {
+        let rig = Rig::new(5, target_options());
+        let h = Host::connect(
+            &rig,
+            ControllerOptions {
+                memory_windows: MemoryWindows::On,
+                ..host_options()
+            },
+        );
+        assert!(!h.ctrl.uses_memory_windows(), "a device without windows");
+    }
+}
+
+#[test]
+fn a_late_write_with_a_completed_commands_key_reaches_nothing() {
+    let mut dev = Devices::windows(6);
+    dev.cfg.record_payloads = true;
+    let rig = Rig::with_devices(dev, target_options());
+    let mut h = Host::connect(&rig, window_options());
+    h.write(0, &pattern(7, 4 * KIB));
+    // A keyed read: the target RDMA WRITEs into the buffer through the command's window.
+    h.submit_read(0, 4 * KIB, 1);
+    let c = h.wait(1, IO_LIMIT).remove(0);
+    assert!(c.status.is_success(), "{}", c.status);
+    let buf = c.buf.expect("the read's buffer");
+    assert!(buf.as_slice() == pattern(7, 4 * KIB).as_slice());
+
+    // The read's capsule, as the target received it: the window's key and the buffer.
+    let capsule = rig
+        .fabric
+        .delivered(target_ip())
+        .into_iter()
+        .rev()
+        .find(|d| d.kind == DeliveredKind::Send && d.data.len() == SQE as usize)
+        .expect("the read's capsule");
+    let (cmd, _) = <Command as zerocopy::FromBytes>::read_from_prefix(&capsule.data).unwrap();
+    let SglKind::Keyed {
+        addr,
+        len,
+        key,
+        invalidate,
+    } = cmd.dptr.classify()
+    else {
+        panic!("a keyed SGL: {:?}", cmd.dptr);
+    };
+    assert_eq!((addr, len as usize), (buf.addr(), 4 * KIB));
+    assert!(
+        invalidate,
+        "the initiator asks the target to invalidate the key"
+    );
+    assert_eq!(h.qp.stats().remote_invalidations, 2, "write and read");
+
+    // The target's QP writes there again with that key, after the command completed (a
+    // buggy or hostile target): the write fails at the initiator's device and the buffer
+    // keeps what the read returned.
+    let writes = rig.host_rx().writes;
+    rig.fabric.take_async_events_of(&rig.host);
+    assert!(rig
+        .fabric
+        .faults()
+        .stray_write(capsule.qp_num, addr, key, &[0xee; 512]));
+    rig.fabric.advance(Duration::from_millis(1));
+    assert!(
+        buf.as_slice() == pattern(7, 4 * KIB).as_slice(),
+        "nothing landed"
+    );
+    assert_eq!(rig.host_rx().writes, writes);
+    let events = rig.fabric.take_async_events_of(&rig.host);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == SimAsyncEventKind::QpAccessErr),
+        "the initiator's device refused the access: {events:?}"
+    );
 }
 
 #[test]

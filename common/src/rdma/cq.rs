@@ -25,6 +25,8 @@ impl WcStatus {
     pub const LOC_PROT_ERR: Self = Self(4);
     /// The request was flushed because the QP went to the error state (disconnect).
     pub const WR_FLUSH_ERR: Self = Self(5);
+    /// A memory window bind failed (the window was not free, the region lacked MW_BIND, ...).
+    pub const MW_BIND_ERR: Self = Self(6);
     pub const LOC_ACCESS_ERR: Self = Self(8);
     pub const REM_INV_REQ_ERR: Self = Self(9);
     pub const REM_ACCESS_ERR: Self = Self(10);

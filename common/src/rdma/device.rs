@@ -411,6 +411,16 @@ fn count(v: libc::c_int) -> u32 {
 }
 
 impl DeviceAttr {
+    /// Type 2 memory windows ([`Verbs::alloc_mw`](super::verbs::Verbs::alloc_mw)) and the
+    /// invalidation verbs that revoke their keys (local invalidate, SEND_WITH_INVALIDATE):
+    /// what per-command keys need.
+    pub fn has_type2_windows(&self) -> bool {
+        let caps = self.device_cap_flags;
+        caps.contains(DeviceCapFlags::MEM_MGT_EXTENSIONS)
+            && (caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2B)
+                || caps.contains(DeviceCapFlags::MEM_WINDOW_TYPE_2A))
+    }
+
     fn from_raw(a: &sys::ibv_device_attr) -> Self {
         let fw: Vec<u8> = a
             .fw_ver

@@ -68,8 +68,8 @@ pub use pd::ProtectionDomain;
 pub use qp::{QpCaps, QueuePair};
 pub use srq::SharedReceiveQueue;
 pub use verbs::{
-    RealVerbs, Verbs, VerbsChannel, VerbsCmId, VerbsContext, VerbsCq, VerbsMr, VerbsPd, VerbsQp,
-    VerbsSrq,
+    RealVerbs, Verbs, VerbsChannel, VerbsCmId, VerbsContext, VerbsCq, VerbsMr, VerbsMw, VerbsPd,
+    VerbsQp, VerbsSrq,
 };
 pub use wr::{MwBind, Payload, RecvWr, SendOp, SendWr, Sge, MAX_CHAIN};
 

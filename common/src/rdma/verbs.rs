@@ -13,8 +13,9 @@
 //!
 //! Shared vocabulary stays concrete and common to both providers: [`Sge`], [`SendWr`],
 //! [`RecvWr`], [`WorkCompletion`], [`QpCaps`], [`ConnParams`], [`CmEvent`], [`DeviceAttr`],
-//! [`AccessFlags`] and [`RdmaError`]. Memory window binds ([`SendWr::bind_mw`]) name the
-//! real provider's window and region and exist only there.
+//! [`AccessFlags`] and [`RdmaError`]. Memory window binds ([`SendWr::bind_mw`]) carry the
+//! provider's window and region as `dyn Any` ([`MwBind`](super::wr::MwBind)); each
+//! provider's post downcasts them to its own types.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use super::cq::{CompletionQueue, WorkCompletion};
 use super::device::{Context, DeviceAttr};
 use super::error::{RdmaError, Result};
 use super::mr::{AccessFlags, DeviceMemory, MemoryRegion};
+use super::mw::MemoryWindow;
 use super::pd::ProtectionDomain;
 use super::qp::{QpCaps, QueuePair};
 use super::srq::SharedReceiveQueue;
@@ -36,6 +38,7 @@ pub trait Verbs: Clone + Send + Sync + 'static {
     type Context: VerbsContext;
     type Pd: VerbsPd<Self>;
     type Mr: VerbsMr;
+    type Mw: VerbsMw;
     type Cq: VerbsCq;
     type Srq: VerbsSrq;
     type Qp: VerbsQp;
@@ -58,6 +61,9 @@ pub trait Verbs: Clone + Send + Sync + 'static {
     /// Registers memory the caller made device-accessible ([`DeviceMemory::new`] carries the
     /// unsafe contract, so registering is safe).
     fn register(pd: &Arc<Self::Pd>, mem: DeviceMemory, access: AccessFlags) -> Result<Self::Mr>;
+    /// `ibv_alloc_mw` of a type 2 window on `pd` (the device must have
+    /// [`DeviceAttr::has_type2_windows`]); bound with [`SendWr::bind_mw`].
+    fn alloc_mw(pd: &Arc<Self::Pd>) -> Result<Self::Mw>;
 
     /// The clock deadlines are measured on: the system's, or a simulation's virtual time
     /// (as an `Instant` offset from a fixed base, so types do not change).
@@ -87,6 +93,8 @@ pub trait VerbsContext: Send + Sync + 'static {
 
 pub trait VerbsPd<V: Verbs>: Send + Sync + 'static {
     fn context(&self) -> &Arc<V::Context>;
+    /// Whether `mr` was registered on this PD (what a window of this PD can be bound to).
+    fn holds(&self, mr: &V::Mr) -> bool;
 }
 
 /// A registration: keys and the I/O virtual address range they cover.
@@ -123,6 +131,19 @@ pub trait VerbsMr: Send + Sync + 'static {
     /// The address a peer uses to reach `offset` (with [`Self::rkey`]).
     fn remote_addr(&self, offset: usize) -> u64 {
         self.iova() + offset as u64
+    }
+}
+
+/// A type 2 memory window: a per-use remote key over part of a registration, bound with a
+/// work request ([`SendWr::bind_mw`]) and revoked by (remote or local) invalidation.
+///
+/// A window belongs to the QP that binds it and so to one thread: `Send`, not `Sync`.
+pub trait VerbsMw: Send + 'static {
+    /// The rkey of the latest posted bind (the window's own key before any).
+    fn rkey(&self) -> u32;
+    /// The key the next bind gives the window: same index, next 8-bit tag.
+    fn next_rkey(&self) -> u32 {
+        super::mw::inc_rkey(self.rkey())
     }
 }
 
@@ -218,6 +239,7 @@ impl Verbs for RealVerbs {
     type Context = Context;
     type Pd = ProtectionDomain;
     type Mr = MemoryRegion;
+    type Mw = MemoryWindow;
     type Cq = CompletionQueue;
     type Srq = SharedReceiveQueue;
     type Qp = QueuePair;
@@ -260,6 +282,11 @@ impl Verbs for RealVerbs {
     ) -> Result<MemoryRegion> {
         MemoryRegion::register(pd, mem, access)
     }
+
+    #[inline]
+    fn alloc_mw(pd: &Arc<ProtectionDomain>) -> Result<MemoryWindow> {
+        MemoryWindow::new(pd)
+    }
 }
 
 impl VerbsContext for Context {
@@ -289,6 +316,23 @@ impl VerbsPd<RealVerbs> for ProtectionDomain {
     #[inline]
     fn context(&self) -> &Arc<Context> {
         ProtectionDomain::context(self)
+    }
+
+    #[inline]
+    fn holds(&self, mr: &MemoryRegion) -> bool {
+        std::ptr::eq(Arc::as_ptr(mr.pd()), self)
+    }
+}
+
+impl VerbsMw for MemoryWindow {
+    #[inline]
+    fn rkey(&self) -> u32 {
+        MemoryWindow::rkey(self)
+    }
+
+    #[inline]
+    fn next_rkey(&self) -> u32 {
+        MemoryWindow::next_rkey(self)
     }
 }
 
@@ -472,6 +516,7 @@ mod tests {
         assert!(same::<<R as Verbs>::Context, Context>());
         assert!(same::<<R as Verbs>::Pd, ProtectionDomain>());
         assert!(same::<<R as Verbs>::Mr, MemoryRegion>());
+        assert!(same::<<R as Verbs>::Mw, MemoryWindow>());
         assert!(same::<<R as Verbs>::Cq, CompletionQueue>());
         assert!(same::<<R as Verbs>::Srq, SharedReceiveQueue>());
         assert!(same::<<R as Verbs>::Qp, QueuePair>());

@@ -9,6 +9,7 @@
 //! CPU reads caller memory during a post is inline data, which therefore comes from a
 //! borrowed slice, never from a raw scatter entry.
 
+use std::any::Any;
 use std::mem::{self, MaybeUninit};
 use std::ptr;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use super::error::{errno_from_ret, RdmaError, Result};
 use super::mr::{AccessFlags, MemoryRegion};
 use super::mw::MemoryWindow;
 use super::sys;
+use super::verbs::{VerbsMr, VerbsMw};
 
 /// One scatter/gather entry: `length` bytes at `addr` inside the registration named by
 /// `lkey`. Same layout as `struct ibv_sge`, so slices of it are handed to the provider as is.
@@ -58,21 +60,69 @@ pub enum SendOp<'a> {
 
 /// A type 2 memory window bind: exposes `len` bytes at `offset` of `mr` through `mw` under
 /// the new key `rkey` with `access`.
+///
+/// The window and the region are the provider's own types behind `dyn Any` (its
+/// [`Verbs::Mw`](super::verbs::Verbs::Mw) and an `Arc` of its
+/// [`Verbs::Mr`](super::verbs::Verbs::Mr)), so the work request vocabulary stays common to
+/// every provider; each provider's post downcasts them ([`MwBind::downcast`]) and refuses
+/// another provider's objects with `InvalidArgument`.
 #[derive(Clone, Copy)]
 pub struct MwBind<'a> {
-    pub mw: &'a MemoryWindow,
-    pub mr: &'a Arc<MemoryRegion>,
+    pub mw: &'a dyn Any,
+    pub mr: &'a dyn Any,
     pub offset: usize,
     pub len: usize,
     pub access: AccessFlags,
-    /// The key the window has once bound; [`MemoryWindow::rkey`] reports it after the post.
+    /// The key the window has once bound; [`VerbsMw::rkey`] reports it after the post.
     pub rkey: u32,
+}
+
+impl<'a> MwBind<'a> {
+    /// The window as `W` and the region as `Arc<M>`: what a provider's post works with.
+    #[inline]
+    pub fn downcast<W: 'static, M: 'static>(&self) -> Result<(&'a W, &'a Arc<M>)> {
+        match (
+            self.mw.downcast_ref::<W>(),
+            self.mr.downcast_ref::<Arc<M>>(),
+        ) {
+            (Some(mw), Some(mr)) => Ok((mw, mr)),
+            _ => Err(RdmaError::InvalidArgument(
+                "memory window bind of another provider's window or region",
+            )),
+        }
+    }
+
+    /// The checks every provider makes before a bind is posted, given the downcast region
+    /// and whether the window and the region are on the same PD.
+    pub(crate) fn validate<M: VerbsMr>(&self, mr: &M, same_pd: bool) -> Result<()> {
+        if !mr.contains(self.offset, self.len) {
+            return Err(RdmaError::InvalidArgument(
+                "memory window bind outside the region",
+            ));
+        }
+        if !same_pd {
+            return Err(RdmaError::InvalidArgument(
+                "memory window and region are on different PDs",
+            ));
+        }
+        if !mr.access().contains(AccessFlags::MW_BIND) {
+            return Err(RdmaError::InvalidArgument(
+                "region was not registered with MW_BIND",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Identity of the window, for "bound twice in one post".
+    fn window_addr(&self) -> *const () {
+        (self.mw as *const dyn Any).cast()
+    }
 }
 
 impl std::fmt::Debug for MwBind<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MwBind")
-            .field("mw", &self.mw.as_raw())
+            .field("mw", &self.window_addr())
             .field("offset", &self.offset)
             .field("len", &self.len)
             .field("access", &self.access)
@@ -168,13 +218,14 @@ impl<'a> SendWr<'a> {
 
     /// Binds `mw` to `len` bytes at `offset` of `mr` (registered with
     /// [`AccessFlags::MW_BIND`]) with `access` (remote read and/or write). The window gets
-    /// the next key of its sequence; read it with [`MemoryWindow::rkey`] after posting.
+    /// the next key of its sequence; read it with [`VerbsMw::rkey`] after posting.
     /// Post one bind per window at a time, and use the window only on this QP afterwards
-    /// (type 2B windows belong to the QP that bound them).
-    pub fn bind_mw(
+    /// (type 2B windows belong to the QP that bound them). `mw` and `mr` are one provider's
+    /// window and region (checked when posted).
+    pub fn bind_mw<W: VerbsMw, M: VerbsMr>(
         wr_id: u64,
-        mw: &'a MemoryWindow,
-        mr: &'a Arc<MemoryRegion>,
+        mw: &'a W,
+        mr: &'a Arc<M>,
         offset: usize,
         len: usize,
         access: AccessFlags,
@@ -233,8 +284,13 @@ fn num_sge(n: usize) -> Result<libc::c_int> {
 }
 
 /// Checks what the provider would otherwise find out halfway through a chain (or, for inline
-/// data, what it might not check at all).
-pub(crate) fn validate_send(max_inline: u32, wrs: &[SendWr<'_>]) -> Result<()> {
+/// data, what it might not check at all). Each bind also goes through the provider's
+/// `check_bind` (its objects' types, then [`MwBind::validate`]).
+pub(crate) fn validate_send(
+    max_inline: u32,
+    wrs: &[SendWr<'_>],
+    check_bind: impl Fn(&MwBind<'_>) -> Result<()>,
+) -> Result<()> {
     for (i, wr) in wrs.iter().enumerate() {
         if let Payload::Inline(data) = wr.payload {
             if matches!(wr.op, SendOp::RdmaRead { .. }) {
@@ -248,24 +304,10 @@ pub(crate) fn validate_send(max_inline: u32, wrs: &[SendWr<'_>]) -> Result<()> {
         }
         num_sge(wr.payload.len())?;
         if let SendOp::BindMw(b) = wr.op {
-            if !b.mr.contains(b.offset, b.len) {
-                return Err(RdmaError::InvalidArgument(
-                    "memory window bind outside the region",
-                ));
-            }
-            if !Arc::ptr_eq(b.mw.pd(), b.mr.pd()) {
-                return Err(RdmaError::InvalidArgument(
-                    "memory window and region are on different PDs",
-                ));
-            }
-            if !b.mr.access().contains(AccessFlags::MW_BIND) {
-                return Err(RdmaError::InvalidArgument(
-                    "region was not registered with MW_BIND",
-                ));
-            }
-            let twice = wrs[..i]
-                .iter()
-                .any(|w| matches!(w.op, SendOp::BindMw(p) if std::ptr::eq(p.mw, b.mw)));
+            check_bind(&b)?;
+            let twice = wrs[..i].iter().any(
+                |w| matches!(w.op, SendOp::BindMw(p) if ptr::eq(p.window_addr(), b.window_addr())),
+            );
             if twice {
                 return Err(RdmaError::InvalidArgument(
                     "a memory window is bound twice in one post",
@@ -287,7 +329,10 @@ pub(crate) unsafe fn post_send(
     max_inline: u32,
     wrs: &[SendWr<'_>],
 ) -> Result<()> {
-    validate_send(max_inline, wrs)?;
+    validate_send(max_inline, wrs, |b| {
+        let (mw, mr) = b.downcast::<MemoryWindow, MemoryRegion>()?;
+        b.validate(&**mr, Arc::ptr_eq(mw.pd(), mr.pd()))
+    })?;
     for (chunk_no, chunk) in wrs.chunks(MAX_CHAIN).enumerate() {
         let base = chunk_no * MAX_CHAIN;
         // SAFETY: forwarded from the caller; the chunk was validated.
@@ -300,7 +345,10 @@ pub(crate) unsafe fn post_send(
         // read by the provider before it is updated here.
         for wr in &chunk[..posted] {
             if let SendOp::BindMw(b) = wr.op {
-                b.mw.commit_bind(b.rkey, b.mr);
+                let (mw, mr) = b
+                    .downcast::<MemoryWindow, MemoryRegion>()
+                    .expect("checked before posting");
+                mw.commit_bind(b.rkey, mr);
             }
         }
         result.map_err(|(source, i)| RdmaError::PostSend {
@@ -385,15 +433,18 @@ unsafe fn post_send_chunk(
                 raw.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
             }
             SendOp::BindMw(b) => {
+                let (mw, mr) = b
+                    .downcast::<MemoryWindow, MemoryRegion>()
+                    .expect("checked before posting");
                 raw.opcode = sys::ibv_wr_opcode::IBV_WR_BIND_MW;
                 // Both handles are borrowed for the call and stay alive after it: the caller
                 // holds them, and the window keeps the region once the bind is recorded.
                 raw.bind_mw_tso_union.bind_mw = sys::bind_mw_t {
-                    mw: b.mw.as_raw(),
+                    mw: mw.as_raw(),
                     rkey: b.rkey,
                     bind_info: sys::ibv_mw_bind_info {
-                        mr: b.mr.as_raw(),
-                        addr: b.mr.remote_addr(b.offset),
+                        mr: mr.as_raw(),
+                        addr: mr.remote_addr(b.offset),
                         length: b.len as u64,
                         mw_access_flags: b.access.0,
                     },
@@ -508,6 +559,37 @@ mod tests {
     }
 
     #[test]
+    fn a_bind_names_its_providers_objects() {
+        let (mw, mr) = (7u8, Arc::new(9u16));
+        let b = MwBind {
+            mw: &mw,
+            mr: &mr,
+            offset: 0,
+            len: 1,
+            access: AccessFlags::REMOTE_READ,
+            rkey: 1,
+        };
+        let (w, r) = b.downcast::<u8, u16>().unwrap();
+        assert_eq!((*w, **r), (7, 9));
+        // Another provider's window or region type is refused, not misread.
+        assert!(matches!(
+            b.downcast::<MemoryWindow, u16>(),
+            Err(RdmaError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            b.downcast::<u8, MemoryRegion>(),
+            Err(RdmaError::InvalidArgument(_))
+        ));
+        // The same window twice in one post is refused before any provider sees it.
+        let wr = SendWr::new(1, SendOp::BindMw(b), Payload::Sges(&[]));
+        assert!(matches!(
+            validate_send(0, &[wr, wr], |_| Ok(())),
+            Err(RdmaError::InvalidArgument(_))
+        ));
+        validate_send(0, &[wr], |_| Ok(())).unwrap();
+    }
+
+    #[test]
     fn inline_read_is_rejected_before_any_verb() {
         let wr = SendWr::new(
             1,
@@ -517,12 +599,12 @@ mod tests {
             },
             Payload::Inline(b"x"),
         );
-        let err = validate_send(64, &[wr]).unwrap_err();
+        let err = validate_send(64, &[wr], |_| Ok(())).unwrap_err();
         assert!(matches!(err, RdmaError::InvalidArgument(_)));
         let wr = SendWr::send_inline(1, &[0u8; 65]);
-        let err = validate_send(64, &[wr]).unwrap_err();
+        let err = validate_send(64, &[wr], |_| Ok(())).unwrap_err();
         assert!(matches!(err, RdmaError::InvalidArgument(_)));
         let wr = SendWr::send_inline(1, &[0u8; 64]);
-        validate_send(64, &[wr]).unwrap();
+        validate_send(64, &[wr], |_| Ok(())).unwrap();
     }
 }

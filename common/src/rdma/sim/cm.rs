@@ -354,6 +354,7 @@ impl FabricState {
                 rq: Default::default(),
                 unsignaled_held: 0,
                 next_psn: 0,
+                next_wire_psn: 0,
                 tx_psn: 0,
                 rx_psn: 0,
                 rnr_retry: 7,
@@ -385,6 +386,7 @@ impl FabricState {
             }
             let num = q.num;
             self.trace(|| format!("qp={num} destroyed"));
+            self.free_windows_of(qp);
         }
         if let Some(s) = self.cm_ids.get_mut(&cm_id) {
             if s.qp == Some(qp) {

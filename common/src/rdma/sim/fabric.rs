@@ -19,6 +19,7 @@ use super::super::mr::{AccessFlags, DeviceMemory};
 use super::super::qp::QpCaps;
 use super::super::wr::Sge;
 use super::cm::{CmIdState, CmMsg};
+use super::mw::{BindWqe, MwEntry};
 use super::{
     Delivered, DeliveredKind, HostRx, SimAsyncEvent, SimAsyncEventKind, SimConfig, SimStats,
 };
@@ -87,9 +88,22 @@ pub(crate) enum QpSt {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WqeOp {
-    Send { inv: Option<u32> },
-    Write { remote_addr: u64, rkey: u32 },
-    Read { remote_addr: u64, rkey: u32 },
+    Send {
+        inv: Option<u32>,
+    },
+    Write {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    Read {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    /// Executed by the send engine itself, in order; nothing goes on the wire.
+    Bind(BindWqe),
+    LocalInv {
+        rkey: u32,
+    },
 }
 
 impl WqeOp {
@@ -99,7 +113,14 @@ impl WqeOp {
             WqeOp::Send { inv: Some(_) } => "SEND_INV",
             WqeOp::Write { .. } => "WRITE",
             WqeOp::Read { .. } => "READ",
+            WqeOp::Bind(_) => "BIND_MW",
+            WqeOp::LocalInv { .. } => "LOCAL_INV",
         }
+    }
+
+    /// A work request the local device executes (no packet, no response).
+    pub fn is_local(self) -> bool {
+        matches!(self, WqeOp::Bind(_) | WqeOp::LocalInv { .. })
     }
 }
 
@@ -126,6 +147,9 @@ pub(crate) struct SendWqe {
     pub fence: bool,
     /// Sequence number on the QP's send queue; contiguous from the head.
     pub psn: u64,
+    /// Sequence number of the packet on the wire (local work requests send none, so the
+    /// responder's count skips them); unused for local ones.
+    pub wire_psn: u64,
     pub state: WqeSt,
     /// RNR retries left for this message, set at its first RNR NAK.
     pub rnr_left: Option<u8>,
@@ -147,9 +171,11 @@ pub(crate) struct QpState {
     /// signaled completion (or an error completion).
     pub unsignaled_held: u32,
     pub next_psn: u64,
+    /// The wire sequence number of the next request posted.
+    pub next_wire_psn: u64,
     /// The next WQE to transmit.
     pub tx_psn: u64,
-    /// The next request expected from the peer.
+    /// The next request expected from the peer (a wire sequence number).
     pub rx_psn: u64,
     /// 0-7, 7 meaning infinite.
     pub rnr_retry: u8,
@@ -213,7 +239,10 @@ pub(crate) enum Body {
 pub(crate) struct Packet {
     pub src: ObjId,
     pub dst: ObjId,
+    /// The requester's send-queue sequence number (responses carry the request's).
     pub psn: u64,
+    /// The request's wire sequence number, checked by the responder (0 in responses).
+    pub wire_psn: u64,
     pub body: Body,
 }
 
@@ -298,6 +327,8 @@ pub(crate) struct FabricState {
     pub pds: BTreeMap<ObjId, HostId>,
     /// lkey -> registration.
     pub mrs: BTreeMap<u32, MrEntry>,
+    /// Key index (`key >> 8`) -> memory window.
+    pub mws: BTreeMap<u32, MwEntry>,
     pub cqs: BTreeMap<ObjId, CqState>,
     pub srqs: BTreeMap<ObjId, SrqState>,
     pub qps: BTreeMap<ObjId, QpState>,
@@ -343,6 +374,7 @@ impl FabricState {
             hosts: Vec::new(),
             pds: BTreeMap::new(),
             mrs: BTreeMap::new(),
+            mws: BTreeMap::new(),
             cqs: BTreeMap::new(),
             srqs: BTreeMap::new(),
             qps: BTreeMap::new(),

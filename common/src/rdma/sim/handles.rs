@@ -24,6 +24,7 @@ use super::super::verbs::{
 use super::super::wr::{RecvWr, SendWr};
 use super::cm::QpResources;
 use super::fabric::{ChannelState, CqState, HostId, MrEntry, ObjId, SrqState};
+use super::mw::{commit_binds, SimMw};
 use super::{SimAsyncEvent, SimAsyncEventKind, SimFabric, SimVerbs};
 
 /// `rxe`'s vendor id.
@@ -40,6 +41,7 @@ impl Verbs for SimVerbs {
     type Context = SimContext;
     type Pd = SimPd;
     type Mr = SimMr;
+    type Mw = SimMw;
     type Cq = SimCq;
     type Srq = SimSrq;
     type Qp = SimQp;
@@ -168,6 +170,10 @@ impl Verbs for SimVerbs {
             access,
         })
     }
+
+    fn alloc_mw(pd: &Arc<SimPd>) -> Result<SimMw> {
+        SimMw::alloc(pd)
+    }
 }
 
 // ---- context ----
@@ -181,6 +187,14 @@ pub struct SimContext {
 impl SimContext {
     pub(crate) fn new(fabric: SimFabric, host: HostId) -> Arc<Self> {
         Arc::new(Self { fabric, host })
+    }
+
+    pub(crate) fn fabric(&self) -> &SimFabric {
+        &self.fabric
+    }
+
+    pub(crate) fn host(&self) -> HostId {
+        self.host
     }
 
     /// The next asynchronous event the device raised (CQ_ERR, QP_FATAL, QP_ACCESS_ERR,
@@ -246,9 +260,19 @@ pub struct SimPd {
     id: ObjId,
 }
 
+impl SimPd {
+    pub(crate) fn id(&self) -> ObjId {
+        self.id
+    }
+}
+
 impl VerbsPd<SimVerbs> for SimPd {
     fn context(&self) -> &Arc<SimContext> {
         &self.ctx
+    }
+
+    fn holds(&self, mr: &SimMr) -> bool {
+        std::ptr::eq(Arc::as_ptr(&mr.pd), self)
     }
 }
 
@@ -562,7 +586,16 @@ impl SimQp {
 
 impl VerbsQp for SimQp {
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        self.fabric.lock().post_send(self.id, wrs)
+        let res = self.fabric.lock().post_send(self.id, wrs);
+        let posted = match &res {
+            Ok(()) => wrs.len(),
+            Err(RdmaError::PostSend { index, .. }) => *index,
+            Err(_) => 0,
+        };
+        // The windows record their binds once the lock is released: a bind may drop the
+        // last reference to the region the window was bound to before.
+        commit_binds(&wrs[..posted.min(wrs.len())]);
+        res
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {

@@ -90,32 +90,59 @@ impl FabricState {
         Ok(())
     }
 
+    /// What an rkey reaches for a request arriving on `qp` (in `pd`): a region's own key,
+    /// or a window's (a key that names no region is looked up as a window).
+    fn resolve_remote(
+        &self,
+        rkey: u32,
+        pd: ObjId,
+        qp: ObjId,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Option<(&MrEntry, usize)> {
+        if self.mrs.contains_key(&rkey) {
+            self.resolve(rkey, pd, addr, len, need, true)
+        } else {
+            self.resolve_window(rkey, pd, qp, addr, len, need)
+        }
+    }
+
     /// An RDMA WRITE's target: copies `data` in if `rkey` grants REMOTE_WRITE over the range
-    /// in `pd`. A zero-length write checks nothing.
-    pub(crate) fn remote_write(&self, pd: ObjId, rkey: u32, addr: u64, data: &[u8]) -> bool {
+    /// to requests arriving on `qp` in `pd`. A zero-length write checks nothing.
+    pub(crate) fn remote_write(
+        &self,
+        pd: ObjId,
+        qp: ObjId,
+        rkey: u32,
+        addr: u64,
+        data: &[u8],
+    ) -> bool {
         if data.is_empty() {
             return true;
         }
-        match self.resolve(
-            rkey,
-            pd,
-            addr,
-            data.len() as u64,
-            AccessFlags::REMOTE_WRITE,
-            true,
-        ) {
+        let len = data.len() as u64;
+        match self.resolve_remote(rkey, pd, qp, addr, len, AccessFlags::REMOTE_WRITE) {
             Some((mr, off)) => mr.mem.copy_in(off, data),
             None => false,
         }
     }
 
-    /// An RDMA READ's source: the bytes, if `rkey` grants REMOTE_READ over the range in `pd`.
-    pub(crate) fn remote_read(&self, pd: ObjId, rkey: u32, addr: u64, len: u64) -> Option<Vec<u8>> {
+    /// An RDMA READ's source: the bytes, if `rkey` grants REMOTE_READ over the range to
+    /// requests arriving on `qp` in `pd`.
+    pub(crate) fn remote_read(
+        &self,
+        pd: ObjId,
+        qp: ObjId,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+    ) -> Option<Vec<u8>> {
         let mut out = vec![0u8; usize::try_from(len).ok()?];
         if len == 0 {
             return Some(out);
         }
-        let (mr, off) = self.resolve(rkey, pd, addr, len, AccessFlags::REMOTE_READ, true)?;
+        let (mr, off) = self.resolve_remote(rkey, pd, qp, addr, len, AccessFlags::REMOTE_READ)?;
         mr.mem.copy_out(off, &mut out).then_some(out)
     }
 }

@@ -23,10 +23,17 @@
 //!   checked in the receiver's PD, LOCAL_WRITE needed); RNR NAK and retry after the RNR timer
 //!   (7 = infinite), `RNR_RETRY_EXC_ERR` when the budget is spent; `LOC_LEN_ERR` at the
 //!   responder and `REM_INV_REQ_ERR` at the requester for a message longer than the receive;
-//!   SEND_WITH_INVALIDATE reports `IBV_WC_WITH_INV` and the key (nothing is invalidated).
+//!   SEND_WITH_INVALIDATE invalidates the named memory window and reports `IBV_WC_WITH_INV`
+//!   and the key; naming anything but a valid window of the receiving QP is a remote invalid
+//!   request (`REM_INV_REQ_ERR` at both ends, the responder to Error).
 //! - RDMA WRITE and READ with rkey, PD, access and range checks at the responder
 //!   (`REM_ACCESS_ERR`, both QPs to Error, async `QP_ACCESS_ERR` at the responder); lkeys of
 //!   the local SGEs resolved when the WQE executes (`LOC_PROT_ERR`).
+//! - Type 2B memory windows on devices that report them ([`windows_device_attr`]; see the
+//!   `mw` module for the rules): allocation, BIND_MW and LOCAL_INV executed in order by the
+//!   send queue (`MW_BIND_ERR` / `LOC_QP_OP_ERR` when refused), remote access through a
+//!   window's key checked against its range, access, PD and QP, remote and local
+//!   invalidation, rebinding with the next key.
 //! - Unsignaled WQEs: no completion; their slots count against `max_send_wr` until a later
 //!   signaled (or error) completion is generated.
 //! - The error state: every outstanding send WQE (signaled or not) and every own-RQ WQE
@@ -39,11 +46,12 @@
 //!   padding, disconnect from either side (DREQ / DREP / timeout, time wait), id drop
 //!   semantics, CM timeouts.
 //! - Faults ([`SimFabric::faults`]): a failing `post_send` / `post_recv` at a chosen call and
-//!   index, held RDMA WRITEs, host crash (peers end in `RETRY_EXC_ERR` after the transport
+//!   index, held RDMA WRITEs, stray RDMA WRITEs a QP's owner never posted, host crash (peers end in `RETRY_EXC_ERR` after the transport
 //!   timeout), injected async events.
 //!
-//! Not simulated: memory windows, local invalidation, SEND with immediate, atomics (posting
-//! them fails with `InvalidArgument`); RDMA READ initiator-depth limits; MTU segmentation
+//! Not simulated: SEND with immediate (posting it fails with `InvalidArgument`), atomics,
+//! type 1 windows and fast-registered regions (a LOCAL_INV or SEND_WITH_INVALIDATE of a
+//! region's key fails as for an unknown key); RDMA READ initiator-depth limits; MTU segmentation
 //! (a message is one packet); packet loss other than to a crashed host or a dead QP; UD.
 //!
 //! # Determinism
@@ -57,6 +65,7 @@ mod cm;
 mod fabric;
 mod handles;
 mod mem;
+mod mw;
 mod qp;
 #[cfg(test)]
 mod tests;
@@ -70,6 +79,7 @@ use super::device::{DeviceAttr, DeviceCapFlags};
 use fabric::{FabricState, Host, HostId, PostFault};
 
 pub use handles::{SimChannel, SimCmId, SimContext, SimCq, SimMr, SimPd, SimQp, SimSrq};
+pub use mw::SimMw;
 
 /// Parameters of a fabric. Times are virtual nanoseconds.
 #[derive(Clone, Debug)]
@@ -206,6 +216,20 @@ pub fn default_device_attr() -> DeviceAttr {
         max_srq_sge: 32,
         phys_port_cnt: 1,
     }
+}
+
+/// [`default_device_attr`] plus type 2B memory windows and the memory management
+/// extensions (local and remote invalidation), as a ConnectX reports them: a host made with
+/// these ([`SimFabric::add_host_with`]) can allocate windows, and the target answers keyed
+/// commands that ask for it with SEND_WITH_INVALIDATE.
+pub fn windows_device_attr() -> DeviceAttr {
+    let mut attr = default_device_attr();
+    attr.device_cap_flags = DeviceCapFlags(
+        DeviceCapFlags::MEM_WINDOW.0
+            | DeviceCapFlags::MEM_MGT_EXTENSIONS.0
+            | DeviceCapFlags::MEM_WINDOW_TYPE_2B.0,
+    );
+    attr
 }
 
 /// One simulated fabric: many hosts, one virtual clock, one scheduler. Cloning shares it.
@@ -430,6 +454,9 @@ impl SimFabric {
     }
 }
 
+/// The work request id of a [`Faults::stray_write`]'s completion.
+pub const STRAY_WR_ID: u64 = u64::MAX;
+
 /// Fault injection on a fabric.
 pub struct Faults<'a> {
     fabric: &'a SimFabric,
@@ -500,6 +527,22 @@ impl Faults<'_> {
             st.hosts[h].crashed = true;
             st.trace(|| format!("fault: host {h} ({ip}) crashed"));
         }
+    }
+
+    /// QP `qp_num` RDMA WRITEs `data` to `remote_addr` under `rkey` at its peer, as if its
+    /// owner had posted it behind what it has posted: what a buggy or hostile peer does
+    /// with a key it should have forgotten. The completion (signaled, wr_id
+    /// [`STRAY_WR_ID`]) goes to the QP's send CQ; an rkey that no longer grants the access
+    /// fails there with `REM_ACCESS_ERR` and both QPs go to Error (the victim's device
+    /// raises `QP_ACCESS_ERR`). False if there is no such QP.
+    pub fn stray_write(&self, qp_num: u32, remote_addr: u64, rkey: u32, data: &[u8]) -> bool {
+        let mut st = self.fabric.lock();
+        let Some(&qp) = st.qp_by_num.get(&qp_num) else {
+            return false;
+        };
+        st.trace(|| format!("fault: qp={qp_num} stray WRITE of {} bytes", data.len()));
+        st.enqueue_stray_write(qp, remote_addr, rkey, data.to_vec());
+        true
     }
 
     /// Queues `ev` on the device of the host owning `ip`.

@@ -17,6 +17,7 @@ use super::fabric::{
     Body, Event, FabricState, Nak, ObjId, Packet, QpSt, RecvWqe, SendWqe, WqeData, WqeOp, WqeSt,
 };
 use super::mem::ScatterError;
+use super::mw::check_bind;
 use super::{DeliveredKind, SimAsyncEvent, SimAsyncEventKind};
 
 fn os(errno: i32) -> io::Error {
@@ -28,6 +29,8 @@ fn send_opcode(op: WqeOp) -> WcOpcode {
         WqeOp::Send { .. } => WcOpcode::SEND,
         WqeOp::Write { .. } => WcOpcode::RDMA_WRITE,
         WqeOp::Read { .. } => WcOpcode::RDMA_READ,
+        WqeOp::Bind(_) => WcOpcode::BIND_MW,
+        WqeOp::LocalInv { .. } => WcOpcode::LOCAL_INV,
     }
 }
 
@@ -45,27 +48,15 @@ impl FabricState {
         let (num, max_inline) = (q.num, q.caps.max_inline_data);
         // An injected failure is spent on its call even if validation refuses the call.
         let fault = self.faults.take_post_send(num, call);
-        for wr in wrs {
-            match wr.op {
-                SendOp::SendWithImm { .. } => {
-                    return Err(RdmaError::InvalidArgument(
-                        "SEND with immediate data is not simulated",
-                    ))
-                }
-                SendOp::LocalInvalidate { .. } => {
-                    return Err(RdmaError::InvalidArgument(
-                        "local invalidation is not simulated",
-                    ))
-                }
-                SendOp::BindMw(_) => {
-                    return Err(RdmaError::InvalidArgument(
-                        "memory window binds are not simulated",
-                    ))
-                }
-                _ => {}
-            }
+        if wrs
+            .iter()
+            .any(|wr| matches!(wr.op, SendOp::SendWithImm { .. }))
+        {
+            return Err(RdmaError::InvalidArgument(
+                "SEND with immediate data is not simulated",
+            ));
         }
-        validate_send(max_inline, wrs)?;
+        validate_send(max_inline, wrs, |b| check_bind(b).map(drop))?;
         let fail_at = fault.map(|f| (f.index.min(wrs.len().saturating_sub(1)), f.errno));
         let res = self.enqueue_sends(qp, wrs, fail_at);
         self.trace(|| {
@@ -126,8 +117,14 @@ impl FabricState {
                 SendOp::SendWithInvalidate { rkey } => WqeOp::Send { inv: Some(rkey) },
                 SendOp::RdmaWrite { remote_addr, rkey } => WqeOp::Write { remote_addr, rkey },
                 SendOp::RdmaRead { remote_addr, rkey } => WqeOp::Read { remote_addr, rkey },
+                SendOp::LocalInvalidate { rkey } => WqeOp::LocalInv { rkey },
+                SendOp::BindMw(b) => match check_bind(&b) {
+                    Ok(b) => WqeOp::Bind(b),
+                    // Checked before anything was posted.
+                    Err(_) => return Err(fail(libc::EINVAL)),
+                },
                 // Refused before anything was posted.
-                _ => return Err(fail(libc::EINVAL)),
+                SendOp::SendWithImm { .. } => return Err(fail(libc::EINVAL)),
             };
             let data = match wr.payload {
                 Payload::Sges(s) => WqeData::Sges(s.to_vec()),
@@ -135,6 +132,10 @@ impl FabricState {
             };
             let psn = q.next_psn;
             q.next_psn += 1;
+            let wire_psn = q.next_wire_psn;
+            if !op.is_local() {
+                q.next_wire_psn += 1;
+            }
             q.sq.push_back(SendWqe {
                 wr_id: wr.wr_id,
                 op,
@@ -142,12 +143,42 @@ impl FabricState {
                 signaled: wr.signaled,
                 fence: wr.fence,
                 psn,
+                wire_psn,
                 state: WqeSt::Pending,
                 rnr_left: None,
             });
             self.stats.send_wrs += 1;
         }
         Ok(())
+    }
+
+    /// A WRITE the QP's owner did not post ([`Faults::stray_write`](super::Faults::stray_write)),
+    /// queued like a posted one (beyond the QP's send queue size: it is a fault).
+    pub(crate) fn enqueue_stray_write(
+        &mut self,
+        qp: ObjId,
+        remote_addr: u64,
+        rkey: u32,
+        data: Vec<u8>,
+    ) {
+        let Some(q) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        let (psn, wire_psn) = (q.next_psn, q.next_wire_psn);
+        q.next_psn += 1;
+        q.next_wire_psn += 1;
+        q.sq.push_back(SendWqe {
+            wr_id: super::STRAY_WR_ID,
+            op: WqeOp::Write { remote_addr, rkey },
+            data: WqeData::Inline(data),
+            signaled: true,
+            fence: false,
+            psn,
+            wire_psn,
+            state: WqeSt::Pending,
+            rnr_left: None,
+        });
+        self.kick(qp);
     }
 
     pub(crate) fn post_recv_qp(&mut self, qp: ObjId, wrs: &[RecvWr<'_>]) -> Result<()> {
@@ -278,6 +309,12 @@ impl FabricState {
             };
             let w = &q.sq[idx];
             if w.state != WqeSt::Pending {
+                if w.op.is_local() && w.state == WqeSt::Done(WcStatus::SUCCESS.0, 0) {
+                    // Executed before an RNR NAK rewound the queue: local work requests run
+                    // once.
+                    q.tx_psn += 1;
+                    continue;
+                }
                 // A WQE that failed locally: nothing after it is sent.
                 break;
             }
@@ -294,7 +331,22 @@ impl FabricState {
             {
                 break;
             }
-            let (psn, op, pd, num) = (w.psn, w.op, q.pd, q.num);
+            let (psn, wire_psn, op, pd, num) = (w.psn, w.wire_psn, w.op, q.pd, q.num);
+            if op.is_local() {
+                let status = match op {
+                    WqeOp::Bind(b) => self.exec_bind(qp, b),
+                    WqeOp::LocalInv { rkey } => self.exec_local_inv(qp, rkey),
+                    _ => unreachable!("a local work request"),
+                };
+                let q = self.qps.get_mut(&qp).expect("checked above");
+                q.tx_psn += 1;
+                q.sq[idx].state = WqeSt::Done(status.0, 0);
+                self.retire(qp);
+                if !status.is_success() {
+                    break;
+                }
+                continue;
+            }
             let body = match op {
                 WqeOp::Send { inv } => self
                     .wqe_bytes(qp, idx, pd)
@@ -317,6 +369,7 @@ impl FabricState {
                         len,
                     })
                 }
+                WqeOp::Bind(_) | WqeOp::LocalInv { .. } => unreachable!("executed above"),
             };
             let q = self.qps.get_mut(&qp).expect("checked above");
             let Some(body) = body else {
@@ -336,6 +389,7 @@ impl FabricState {
                     src: qp,
                     dst: peer,
                     psn,
+                    wire_psn,
                     body,
                 }),
             );
@@ -384,6 +438,7 @@ impl FabricState {
                 src: from,
                 dst: to,
                 psn,
+                wire_psn: 0,
                 body,
             }),
         );
@@ -394,6 +449,7 @@ impl FabricState {
             src,
             dst,
             psn,
+            wire_psn,
             body,
         } = p;
         let alive = self.qps.get(&dst).is_some_and(|d| {
@@ -404,9 +460,11 @@ impl FabricState {
             return;
         }
         let d = &self.qps[&dst];
-        if psn != d.rx_psn {
+        if wire_psn != d.rx_psn {
             let (num, want) = (d.num, d.rx_psn);
-            self.trace(|| format!("rx qp={num} psn={psn} dropped (expected {want})"));
+            self.trace(|| {
+                format!("rx qp={num} psn={psn} (wire {wire_psn}) dropped (expected {want})")
+            });
             return;
         }
         let (host, num, pd) = (d.host, d.num, d.pd);
@@ -417,7 +475,7 @@ impl FabricState {
                 rkey,
                 data,
             } => {
-                if self.remote_write(pd, rkey, remote_addr, &data) {
+                if self.remote_write(pd, dst, rkey, remote_addr, &data) {
                     let at = self.describe_remote(rkey, remote_addr);
                     self.trace(|| {
                         format!("rx qp={num} psn={psn} WRITE {} bytes at {at}", data.len())
@@ -433,7 +491,7 @@ impl FabricState {
                 remote_addr,
                 rkey,
                 len,
-            } => match self.remote_read(pd, rkey, remote_addr, len) {
+            } => match self.remote_read(pd, dst, rkey, remote_addr, len) {
                 Some(data) => {
                     let at = self.describe_remote(rkey, remote_addr);
                     self.trace(|| format!("rx qp={num} psn={psn} READ {len} bytes at {at}"));
@@ -452,7 +510,9 @@ impl FabricState {
     fn describe_remote(&self, rkey: u32, addr: u64) -> String {
         match self.mrs.get(&rkey) {
             Some(mr) => format!("rkey={rkey:#x}+{}", addr.wrapping_sub(mr.iova) as i64),
-            None => format!("unknown rkey={rkey:#x}"),
+            None => self
+                .describe_window(rkey, addr)
+                .unwrap_or_else(|| format!("unknown rkey={rkey:#x}")),
         }
     }
 
@@ -489,6 +549,24 @@ impl FabricState {
             return;
         };
         let len = data.len() as u32;
+        if let Some(rkey) = inv.filter(|&k| !self.can_invalidate(dst, k)) {
+            // Not a valid window of this QP: a remote invalid request (class J).
+            self.trace(|| format!("rx qp={num} psn={psn} SEND_INV rkey={rkey:#x}: invalid"));
+            self.push_cqe(
+                recv_cq,
+                WorkCompletion::sim(
+                    wqe.wr_id,
+                    WcStatus::REM_INV_REQ_ERR,
+                    WcOpcode::RECV,
+                    len,
+                    num,
+                    None,
+                ),
+            );
+            self.respond(dst, src, psn, Body::Nak(Nak::InvalidRequest));
+            self.qp_to_error(dst, None);
+            return;
+        }
         match self.scatter(pd, &wqe.sges, &data) {
             Ok(()) => {
                 self.trace(|| {
@@ -498,6 +576,9 @@ impl FabricState {
                     )
                 });
                 self.record_rx(host, DeliveredKind::Send, num, 0, &data);
+                if let Some(rkey) = inv {
+                    self.invalidate_window(dst, rkey);
+                }
                 self.qps.get_mut(&dst).expect("alive").rx_psn += 1;
                 self.push_cqe(
                     recv_cq,
