@@ -862,3 +862,51 @@ fn an_idle_reactor_arms_its_cq_and_the_next_capsule_signals_it() {
     );
     lab.pgs[0].woken();
 }
+
+/// A host that takes no responses and sends in-capsule data with commands the target refuses
+/// (LBA out of range) must not hold the device's capsule buffers, the receives every host's
+/// commands arrive in: a refused command gives its capsule back at once, not when its
+/// response (stuck in RNR) completes. Another host's in-capsule writes go on.
+#[test]
+fn refused_in_capsule_commands_of_a_host_that_takes_no_responses_hold_no_capsule() {
+    let mut lab = SimLab::new(17);
+    let host = lab.fabric.add_host(host_ip(1));
+    let hostile = lab.fabric.add_host(host_ip(2));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let (mut hostile_admin, hostile_cntlid) = admin_queue(&mut lab, &hostile);
+    let mut stalled = stalled_io_queue(&mut lab, &hostile, hostile_cntlid, 1, 64, 64 * 4096);
+    for i in 0..63u16 {
+        stalled.submit(
+            write_cmd(i + 1, u64::MAX / 2, 8),
+            Data::InCapsule {
+                offset: usize::from(i) * 4096,
+                len: 4096,
+            },
+        );
+    }
+    lab.run_for(Duration::from_millis(20), Duration::from_millis(1));
+    let r = lab.resources(0);
+    assert!(r.requests_in_use > 0, "the refusals wait in RNR: {r:?}");
+    assert_eq!(r.buffers_out, 0, "capsules held by refused commands: {r:?}");
+    assert_eq!(r.recv_slots_held, 0, "{r:?}");
+
+    let mut io = io_queue(&mut lab, &host, cntlid, 16, 16 * 4096);
+    for i in 0..8u16 {
+        io.data
+            .write_at(usize::from(i) * 4096, &pattern(i as u8, 4096));
+        let c = io.run(
+            &mut lab,
+            write_cmd(i + 1, u64::from(i) * 8, 8),
+            Data::InCapsule {
+                offset: usize::from(i) * 4096,
+                len: 4096,
+            },
+        );
+        assert!(c.status().is_success(), "{c:?}");
+    }
+    drop(stalled);
+    io.disconnect();
+    admin.disconnect();
+    hostile_admin.disconnect();
+    lab.assert_drained();
+}

@@ -493,6 +493,19 @@ impl<V: Verbs> RdmaPollGroup<V> {
             slot: si,
         };
         driver::start(self, core, id);
+        // Only a request still waiting for a data buffer needs its capsule's data. One that
+        // was refused, needs no data, or has its data copied gives the capsule back to its
+        // receive slot now, not when its response completes: a host that takes no responses
+        // must not hold the device's capsule buffers (every host's receives) with commands
+        // it sent in-capsule data for.
+        if let Some(qp) = self.qpairs[qi].as_mut() {
+            let r = &mut qp.requests[si as usize];
+            if r.state != State::NeedBuffer {
+                if let Some(capsule) = r.capsule.take() {
+                    self.devices[d].return_capsule(recv, Some(capsule));
+                }
+            }
+        }
     }
 
     /// Posts every qpair's batched responses: one chain (one doorbell) per qpair per turn
