@@ -89,6 +89,15 @@ fn server_read(
     (wcs[0].status(), read(&p.server, 0, len))
 }
 
+/// Posts a LOCAL_INV of `key` (wr_id 9) on the client and returns its completion.
+fn local_invalidate(p: &Pair, key: u32) -> WorkCompletion {
+    p.client
+        .qp
+        .post_send(&[SendWr::local_invalidate(9, key)])
+        .unwrap();
+    wait_cqes(&p.fabric, &p.client.cq, 1)[0]
+}
+
 fn client_bytes(buf: &DmaBuf<SimVerbs>, off: usize, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     buf.read_at(off, &mut v);
@@ -214,13 +223,9 @@ fn local_invalidate_revokes_the_window_key() {
     let mw = SimVerbs::alloc_mw(&p.client.pd).unwrap();
     let key = bind(&p, &mw, &buf, RW);
     assert_eq!(server_read(&p, &buf, WIN_OFF, 8, key).0, WcStatus::SUCCESS);
-    p.client
-        .qp
-        .post_send(&[SendWr::local_invalidate(9, key)])
-        .unwrap();
-    let wcs = wait_cqes(&p.fabric, &p.client.cq, 1);
-    assert_eq!(statuses(&wcs), vec![(9, WcStatus::SUCCESS)]);
-    assert_eq!(wcs[0].opcode(), WcOpcode::LOCAL_INV);
+    let wc = local_invalidate(&p, key);
+    assert_eq!(statuses(&[wc]), vec![(9, WcStatus::SUCCESS)]);
+    assert_eq!(wc.opcode(), WcOpcode::LOCAL_INV);
     assert_eq!(
         server_read(&p, &buf, WIN_OFF, 8, key).0,
         WcStatus::REM_ACCESS_ERR
@@ -233,12 +238,8 @@ fn local_invalidate_of_no_valid_window_fails() {
     let buf = bindable(&p);
     let mw = SimVerbs::alloc_mw(&p.client.pd).unwrap();
     // A Free window (never bound) cannot be invalidated.
-    p.client
-        .qp
-        .post_send(&[SendWr::local_invalidate(9, mw.rkey())])
-        .unwrap();
-    let wcs = wait_cqes(&p.fabric, &p.client.cq, 1);
-    assert_eq!(statuses(&wcs[..1]), vec![(9, WcStatus::LOC_QP_OP_ERR)]);
+    let wc = local_invalidate(&p, mw.rkey());
+    assert_eq!(statuses(&[wc]), vec![(9, WcStatus::LOC_QP_OP_ERR)]);
     assert!(p.client.qp.is_error());
     drop(buf);
 }
@@ -249,12 +250,8 @@ fn rebinding_needs_an_invalidation_and_gives_a_new_key() {
     let buf = bindable(&p);
     let mw = SimVerbs::alloc_mw(&p.client.pd).unwrap();
     let first = bind(&p, &mw, &buf, RW);
-    p.client
-        .qp
-        .post_send(&[SendWr::local_invalidate(9, first)])
-        .unwrap();
     assert_eq!(
-        statuses(&wait_cqes(&p.fabric, &p.client.cq, 1)),
+        statuses(&[local_invalidate(&p, first)]),
         vec![(9, WcStatus::SUCCESS)]
     );
     let second = bind(&p, &mw, &buf, RW);
