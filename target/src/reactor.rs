@@ -26,6 +26,10 @@ impl Pollable for ReactorState {
     fn woken(&mut self) {
         self.0.woken();
     }
+
+    fn commands_done(&self) -> u64 {
+        self.0.core.stats.completed_nvme_io
+    }
 }
 
 /// Starts one pinned reactor per core, each with its poll group, idling as `idle` says;

@@ -140,12 +140,15 @@ impl<V: Verbs> DeviceResources<V> {
                 )
             })?;
         }
-        // Soft-RoCE (rxe) advertises remote invalidation but SPDK found it unreliable there;
-        // hosts cope either way, as the key is theirs to invalidate.
+        // Answer with SEND WITH INVALIDATE where the host asked for it (its key's SGL subtype),
+        // so the host need not post a LOCAL_INV and wait for it on every I/O. SPDK turns this
+        // off on soft-RoCE, whose early versions advertised it without doing it; the rxe of
+        // the kernels hosts run now (6.1, 6.12) does it, the kernel's own nvmet-rdma uses it
+        // there, and Linux hosts check the key a response invalidated (a wrong one fails the
+        // queue), so the lab's Linux hosts would catch a device that lied.
         let send_with_invalidate = attr
             .device_cap_flags
-            .contains(DeviceCapFlags::MEM_MGT_EXTENSIONS)
-            && !ctx.is_soft_roce();
+            .contains(DeviceCapFlags::MEM_MGT_EXTENSIONS);
         let mut dev = Self {
             ctx,
             pd,

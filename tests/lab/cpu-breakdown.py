@@ -1,0 +1,106 @@
+"""Summarizes the cpu-breakdown scenario: per run, IOPS and, per I/O, the whole VM's CPU split
+into user, system, softirq and irq time, its context switches, interrupts and softirqs by kind,
+and (for our target) its threads' CPU time, context switches and read/write syscalls.
+
+Usage: cpu-breakdown.py OUT_DIR RUN_NAME...
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from labstats import fio_totals  # noqa: E402
+
+USER_HZ = 100
+CPU_FIELDS = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
+
+
+def read_snapshot(path):
+    snap = {"tasks": {}}
+    for line in open(path):
+        f = line.split()
+        if not f:
+            continue
+        if f[0] == "cpu":
+            snap["cpu"] = dict(zip(CPU_FIELDS, map(int, f[1:9])))
+        elif f[0] in ("ctxt", "intr", "syscr", "syscw"):
+            snap[f[0]] = int(f[1])
+        elif f[0].startswith("softirq_"):
+            snap[f[0]] = sum(map(int, f[1:]))
+        elif f[0] == "task":
+            # task COMM UTIME STIME VOLUNTARY NONVOLUNTARY
+            name = f[1]
+            vals = list(map(int, f[2:6]))
+            old = snap["tasks"].get(name, [0, 0, 0, 0])
+            snap["tasks"][name] = [a + b for a, b in zip(old, vals)]
+    return snap
+
+
+def main():
+    out, runs = sys.argv[1], sys.argv[2:]
+    rows = []
+    for run in runs:
+        base = os.path.join(out, run)
+        if not os.path.exists(base + ".json"):
+            continue
+        iops, p99, mean, errors = fio_totals(base + ".json")
+        a, b = read_snapshot(base + ".snap0"), read_snapshot(base + ".snap1")
+        text = open(base + ".json").read()
+        doc = json.loads(text[text.index("{"):])
+        ios = sum(j[d]["total_ios"] for j in doc["jobs"] for d in ("read", "write")) or 1
+
+        def per_io_us(ticks):
+            return ticks * 1e6 / USER_HZ / ios
+
+        cpu = {k: b["cpu"][k] - a["cpu"][k] for k in CPU_FIELDS}
+        busy = sum(cpu.values()) - cpu["idle"] - cpu["iowait"]
+        row = {
+            "run": run,
+            "iops": iops,
+            "p99": p99,
+            "busy_us": per_io_us(busy),
+            "user_us": per_io_us(cpu["user"] + cpu["nice"]),
+            "sys_us": per_io_us(cpu["system"]),
+            "softirq_us": per_io_us(cpu["softirq"]),
+            "irq_us": per_io_us(cpu["irq"]),
+            "ctxt": (b["ctxt"] - a["ctxt"]) / ios,
+            "intr": (b["intr"] - a["intr"]) / ios,
+            "softirqs": {k[8:]: (b[k] - a.get(k, 0)) / ios for k in b if k.startswith("softirq_")},
+            "tasks": {},
+        }
+        for name, vals in b["tasks"].items():
+            old = a["tasks"].get(name, [0, 0, 0, 0])
+            d = [y - x for x, y in zip(old, vals)]
+            row["tasks"][name] = (per_io_us(d[0]), per_io_us(d[1]), d[2] / ios, d[3] / ios)
+        if "syscr" in b:
+            row["syscr"] = (b["syscr"] - a["syscr"]) / ios
+            row["syscw"] = (b["syscw"] - a["syscw"]) / ios
+        rows.append(row)
+
+    print("## Whole VM, per I/O\n")
+    print("| run | IOPS | p99 ms | busy us | user us | system us | softirq us | irq us "
+          "| context switches | interrupts |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['run']} | {r['iops']:.0f} | {r['p99'] / 1000:.0f} | {r['busy_us']:.0f} "
+              f"| {r['user_us']:.0f} | {r['sys_us']:.0f} | {r['softirq_us']:.0f} "
+              f"| {r['irq_us']:.0f} | {r['ctxt']:.2f} | {r['intr']:.2f} |")
+    kinds = sorted({k for r in rows for k, v in r["softirqs"].items() if v >= 0.05})
+    print("\n## Softirqs per I/O\n")
+    print("| run | " + " | ".join(kinds) + " |")
+    print("|---|" + "---:|" * len(kinds))
+    for r in rows:
+        print(f"| {r['run']} | " + " | ".join(f"{r['softirqs'].get(k, 0):.2f}" for k in kinds) + " |")
+    print("\n## Our target's threads, per I/O\n")
+    print("| run | thread | user us | system us | voluntary switches | involuntary switches |")
+    print("|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        for name, (u, s, v, nv) in sorted(r["tasks"].items()):
+            if u + s + v + nv > 0:
+                print(f"| {r['run']} | {name} | {u:.0f} | {s:.0f} | {v:.2f} | {nv:.2f} |")
+        if "syscr" in r:
+            print(f"| {r['run']} | read / write syscalls | | | {r['syscr']:.2f} | {r['syscw']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# cpu-breakdown: where the whole VM's CPU goes per I/O, ours against the kernel's nvmet-rdma,
+# in one boot. The same fio job runs against each target (null backends, both on rxe0); around
+# each run the scenario takes the exact counters the kernel keeps: whole-VM CPU split into
+# user, system, softirq (where rxe runs) and irq, context switches and interrupts (/proc/stat),
+# softirqs by kind (/proc/softirqs), and for our target its threads' user and system time,
+# voluntary and involuntary context switches and read/write syscalls (/proc/PID). The report
+# gives each per I/O, so the difference between the targets shows where it is spent (our
+# reactor, wake-ups, rxe, the host) rather than only how large it is. (perf's cpu-clock
+# sampling is biased under TCG, which has no PMU: samples land after halts.)
+#
+# Usage: tests/lab/run cpu-breakdown [RUNTIME_SECONDS [FIO_ARGS...]]
+#        (default 8 s of 4 KiB random reads at queue depth 32)
+# NVMF_CPU_MODES: our idle modes to measure, each a --poll-mode value or LABEL=ARG,ARG,...
+#   (default "adaptive").
+source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
+lab_init cpu-breakdown
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+runtime=${1:-8}
+shift || true
+fio_args=("$@")
+((${#fio_args[@]})) || fio_args=(--rw=randread --bs=4k --iodepth=32)
+read -r -a modes <<<"${NVMF_CPU_MODES:-adaptive}"
+
+lab_rxe_up
+lab_modprobe null_blk nr_devices=0
+nb=$NULLB_CFS/nullb_cpu
+lab_t 30 mkdir "$nb"
+lab__record nullb "$nb"
+lab_write 1024 "$nb/size"
+lab_write 4096 "$nb/blocksize"
+lab_write 0 "$nb/memory_backed"
+lab_write 1 "$nb/power"
+lab_wait_until 10 "null_blk" sh -c "test -b /dev/nullb_cpu || ls /dev/nullb* >/dev/null"
+nbdev=/dev/nullb_cpu
+[[ -b $nbdev ]] || nbdev=/dev/nullb$(cat "$nb/index")
+lab_kernel_target_up kernel "$nbdev" "$LAB_ADDR0" 4420
+kdev=$(lab_nvme_connect "$(lab_nqn kernel)" "$LAB_ADDR0" 4420)
+
+# snapshot FILE [PID]: the counters, with those of PID's threads when given.
+snapshot() {
+    {
+        echo "uptime $(lab__now)"
+        grep -E '^(cpu|ctxt|intr) ' /proc/stat | cut -d' ' -f1-12
+        sed -n 's/^ *\([A-Z_]*\): *\(.*\)/softirq_\1 \2/p' /proc/softirqs
+        if [[ -n ${2:-} ]]; then
+            local t
+            for t in /proc/"$2"/task/*; do
+                # comm may hold spaces: the fields after its closing parenthesis.
+                echo "task $(tr ' ' _ <"$t/comm") $(sed 's/.*) //' "$t/stat" | cut -d' ' -f12,13)" \
+                    "$(awk '/^(voluntary|nonvoluntary)_ctxt_switches/ {printf "%s ", $2}' "$t/status")"
+            done
+            grep -E '^sysc[rw]' /proc/"$2"/io | tr -d :
+        fi
+    } >"$1"
+}
+
+# measure NAME DEV [PID]: one fio run against DEV between two snapshots.
+measure() {
+    local name=$1 dev=$2 pid=${3:-}
+    snapshot "$LAB_OUT/$name.snap0" "$pid"
+    lab_fio "$name" --filename="$dev" --ioengine=libaio --direct=1 --runtime="$runtime" \
+        --time_based --size=512M "${fio_args[@]}" >/dev/null
+    snapshot "$LAB_OUT/$name.snap1" "$pid"
+}
+
+measure kernel "$kdev"
+onqn=nqn.2016-06.io.spdk:null
+for spec in "${modes[@]}"; do
+    mode=${spec%%=*}
+    if [[ $spec == *=* ]]; then IFS=, read -r -a extra <<<"${spec#*=}"; else extra=(--poll-mode "$spec"); fi
+    nvmf_tgt_start -m 0x1 "${extra[@]}"
+    nvmf_rpc nvmf_create_transport -t RDMA >/dev/null
+    nvmf_rpc bdev_null_create Null0 1024 4096 >/dev/null
+    nvmf_rpc nvmf_create_subsystem "$onqn" -a -s SPDK00000000000002 >/dev/null
+    nvmf_rpc nvmf_subsystem_add_ns "$onqn" Null0 >/dev/null
+    nvmf_rpc nvmf_subsystem_add_listener "$onqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s 4421 >/dev/null
+    odev=$(lab_nvme_connect "$onqn" "$LAB_ADDR0" 4421)
+    nvmf_rpc nvmf_get_stats >"$LAB_OUT/$mode.stats0"
+    nvmf_rpc framework_get_reactors >"$LAB_OUT/$mode.reactors0"
+    measure "$mode" "$odev" "$NVMF_TGT_PID"
+    nvmf_rpc nvmf_get_stats >"$LAB_OUT/$mode.stats1"
+    nvmf_rpc framework_get_reactors >"$LAB_OUT/$mode.reactors1"
+    lab_nvme_disconnect "$onqn"
+    nvmf_tgt_stop
+done
+# The kernel once more, last: drift over the boot shows as the gap between its two runs.
+measure kernel-again "$kdev"
+lab_nvme_disconnect "$(lab_nqn kernel)"
+
+/usr/bin/python3 "$LAB_DIR/cpu-breakdown.py" "$LAB_OUT" kernel "${modes[@]%%=*}" kernel-again |
+    tee "$LAB_OUT/breakdown.md"
+lab_pass "CPU breakdown in $LAB_OUT/breakdown.md"
