@@ -111,7 +111,11 @@ impl BufferPool {
                 rkey: AtomicU32::new(0),
                 registration: OnceLock::new(),
                 huge_pages,
-                zeroed: (0..count).map(|_| AtomicU32::new(0)).collect(),
+                // A fresh anonymous mapping is zero-filled by the kernel: every buffer starts
+                // known zero, so the first null read of each does not write it either.
+                zeroed: (0..count)
+                    .map(|_| AtomicU32::new(buf_size.min(u32::MAX as usize) as u32))
+                    .collect(),
                 remote_writable: AtomicBool::new(false),
                 _map: map,
             }),
@@ -338,6 +342,9 @@ impl IoBuf {
 
     /// Bytes from the start known to be zero (for tests of the rules above).
     pub fn known_zeroes(&self) -> usize {
+        if self.shared.remote_writable.load(Ordering::Acquire) {
+            return 0;
+        }
         self.shared.zeroed[self.index as usize].load(Ordering::Relaxed) as usize
     }
 
@@ -439,6 +446,22 @@ mod tests {
         let _ = b.source_addr();
         let _ = b.as_slice();
         assert_eq!(b.known_zeroes(), 8192, "readers keep the knowledge");
+    }
+
+    #[test]
+    fn a_fresh_pool_is_known_zero_and_its_first_fill_writes_nothing() {
+        let pool = BufferPool::new(8192, 2).unwrap();
+        let mut b = pool.get().unwrap();
+        assert_eq!(b.known_zeroes(), 8192, "an anonymous mapping starts zeroed");
+        assert!(b.iter().all(|&x| x == 0));
+        b.zero_fill();
+        assert_eq!(b.known_zeroes(), 8192);
+        b.as_mut_slice()[0] = 1;
+        drop(b);
+        let b = pool.get().unwrap();
+        assert_eq!(b.known_zeroes(), 8192, "the other buffer, untouched");
+        let c = pool.get().unwrap();
+        assert_eq!(c.known_zeroes(), 0, "the written one is forgotten");
     }
 
     #[test]

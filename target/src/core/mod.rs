@@ -113,6 +113,13 @@ pub(crate) struct GroupSubsystem {
 }
 
 /// Where a core's time comes from: the system's monotonic clock, or a simulation's.
+/// The system clock is read after every turn that found work, after every sleep, and once per
+/// this many idle turns, not on every idle turn: where it is not served from user space (the
+/// lab's TCG guests run on HPET, where each read is a syscall and an emulated device access) a
+/// read per turn made a spinning reactor a syscall loop. Timestamps of work are as fresh as
+/// before; an idle turn's may be this many turns old (timers are in ms).
+const CLOCK_EVERY_TURNS: u32 = 8;
+
 enum Clock {
     System(Instant),
     Virtual(Arc<AtomicU64>),
@@ -144,6 +151,8 @@ pub struct CoreCtx {
     clock: Clock,
     now_ms: u64,
     now_ns: u64,
+    /// Turns since `now_ns` was read.
+    turns_since_clock: u32,
     /// A queue with no controller this long after the core first saw it is disconnected: a
     /// connection that never sends Connect (or only failed ones) holds no resources for good.
     pub connect_timeout_ms: u64,
@@ -182,6 +191,7 @@ impl CoreCtx {
             clock: Clock::System(Instant::now()),
             now_ms: 0,
             now_ns: 0,
+            turns_since_clock: CLOCK_EVERY_TURNS,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             transfer_timeout_ms: TRANSFER_TIMEOUT_MS,
             tick: true,
@@ -242,6 +252,14 @@ impl CoreCtx {
     /// The clock at the start of this turn in nanoseconds (request latency counters).
     pub fn now_ns(&self) -> u64 {
         self.now_ns
+    }
+
+    /// Reads the clock now (after a sleep the last reading is old); turns read it themselves
+    /// as [`CLOCK_EVERY_TURNS`] says.
+    pub fn read_clock(&mut self) {
+        self.now_ns = self.clock.now_ns();
+        self.now_ms = self.now_ns / 1_000_000;
+        self.turns_since_clock = 0;
     }
 
     pub(crate) fn subsystem_by_nqn(&self, nqn: &str) -> Option<&GroupSubsystem> {
@@ -594,9 +612,15 @@ impl CoreCtx {
     }
 
     /// Polls bdev channels, retries refused I/O and runs timers. Returns work done.
-    pub fn poll(&mut self) -> usize {
-        self.now_ns = self.clock.now_ns();
-        self.now_ms = self.now_ns / 1_000_000;
+    /// `busy`: the turn found work before this (the clock is read after every such turn).
+    pub fn poll(&mut self, busy: bool) -> usize {
+        self.turns_since_clock += 1;
+        if busy
+            || self.turns_since_clock >= CLOCK_EVERY_TURNS
+            || matches!(self.clock, Clock::Virtual(_))
+        {
+            self.read_clock();
+        }
         let mut work = 0;
         let wakeups = &mut self.wakeups;
         for gns in self.ns_table.iter_mut() {

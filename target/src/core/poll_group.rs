@@ -159,7 +159,7 @@ impl PollGroup {
         for t in &mut self.transports {
             work += t.poll(&mut self.core);
         }
-        work += self.core.poll();
+        work += self.core.poll(work > 0);
         while self.core.has_wakeups() {
             work += self.dispatch_wakeups();
         }
@@ -183,6 +183,7 @@ impl PollGroup {
 
     /// After a sleep: transports take their completion events so the sources signal again.
     pub fn woken(&mut self) {
+        self.core.read_clock();
         for t in &mut self.transports {
             t.woken();
         }

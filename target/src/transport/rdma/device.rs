@@ -261,6 +261,10 @@ impl<V: Verbs> DeviceResources<V> {
     /// buffer (the one it had, or a fresh one). Slots for which the capsule pool has no
     /// buffer left wait for a later turn.
     pub fn flush_reposts(&mut self) -> Result<(), String> {
+        // Every turn calls this: a turn with nothing to repost must not even build the array.
+        if self.repost.is_empty() {
+            return Ok(());
+        }
         let mut sges = [[Sge::default(); 2]; MAX_CHAIN];
         while !self.repost.is_empty() {
             let want = self.repost.len().min(MAX_CHAIN);
