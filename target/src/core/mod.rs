@@ -112,7 +112,6 @@ pub(crate) struct GroupSubsystem {
     pub namespaces: HashMap<u32, NsSlot>,
 }
 
-/// Where a core's time comes from: the system's monotonic clock, or a simulation's.
 /// The system clock is read after every turn that found work, after every sleep, and once per
 /// this many idle turns, not on every idle turn: where it is not served from user space (the
 /// lab's TCG guests run on HPET, where each read is a syscall and an emulated device access) a
@@ -120,6 +119,7 @@ pub(crate) struct GroupSubsystem {
 /// before; an idle turn's may be this many turns old (timers are in ms).
 const CLOCK_EVERY_TURNS: u32 = 8;
 
+/// Where a core's time comes from: the system's monotonic clock, or a simulation's.
 enum Clock {
     System(Instant),
     Virtual(Arc<AtomicU64>),
