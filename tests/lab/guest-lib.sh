@@ -308,10 +308,12 @@ lab_ib_write_bw() {
 
 # ------------------------------------------------------ block devices --
 
-# lab_null_blk N SIZE_MB BS: create N memory-backed null_blk devices (data
-# written is kept, so verify works) through configfs; prints their paths.
+# lab_null_blk N SIZE_MB BS [MEMORY_BACKED]: create N null_blk devices through
+# configfs; prints their paths. Memory-backed by default (data written is kept,
+# so verify works); MEMORY_BACKED=0 discards writes and reads zeroes, as
+# bdev_null does (the benchmarks' backend).
 lab_null_blk() {
-    local n=$1 size_mb=$2 bs=$3 i name dir idx devpath
+    local n=$1 size_mb=$2 bs=$3 backed=${4:-1} i name dir idx devpath
     lab_modprobe null_blk nr_devices=0
     for ((i = 0; i < n; i++)); do
         # The 6.1 kernel names the disk after the configfs directory (newer
@@ -324,14 +326,14 @@ lab_null_blk() {
         lab__record nullb "$dir"
         lab_write "$size_mb" "$dir/size"
         lab_write "$bs" "$dir/blocksize"
-        lab_write 1 "$dir/memory_backed"
+        lab_write "$backed" "$dir/memory_backed"
         lab_write 1 "$dir/power"
         idx=$(cat "$dir/index")
         lab_wait_until 30 "null_blk disk $name" \
             sh -c "test -b /dev/$name || test -b /dev/nullb$idx"
         devpath=/dev/$name
         [[ -b $devpath ]] || devpath=/dev/nullb$idx
-        lab_log "null_blk $devpath: ${size_mb} MiB, bs $bs, memory_backed"
+        lab_log "null_blk $devpath: ${size_mb} MiB, bs $bs, memory_backed=$backed"
         echo "$devpath"
     done
 }

@@ -25,17 +25,7 @@ fio_args=("$@")
 read -r -a modes <<<"${NVMF_CPU_MODES:-adaptive}"
 
 lab_rxe_up
-lab_modprobe null_blk nr_devices=0
-nb=$NULLB_CFS/nullb_cpu
-lab_t 30 mkdir "$nb"
-lab__record nullb "$nb"
-lab_write 1024 "$nb/size"
-lab_write 4096 "$nb/blocksize"
-lab_write 0 "$nb/memory_backed"
-lab_write 1 "$nb/power"
-lab_wait_until 10 "null_blk" sh -c "test -b /dev/nullb_cpu || ls /dev/nullb* >/dev/null"
-nbdev=/dev/nullb_cpu
-[[ -b $nbdev ]] || nbdev=/dev/nullb$(cat "$nb/index")
+nbdev=$(lab_null_blk 1 1024 4096 0)
 lab_kernel_target_up kernel "$nbdev" "$LAB_ADDR0" 4420
 kdev=$(lab_nvme_connect "$(lab_nqn kernel)" "$LAB_ADDR0" 4420)
 

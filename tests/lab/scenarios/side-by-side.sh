@@ -32,17 +32,7 @@ wire=$(lab_ib_write_bw rxe0 rxe1 "$LAB_ADDR0" 5 4096)
 echo "ib_write_bw 4KiB msg/s: $wire" | tee "$LAB_OUT/ib_write_bw.txt"
 
 # Kernel target: null_blk that discards data, like bdev_null.
-lab_modprobe null_blk nr_devices=0
-nb=$NULLB_CFS/nullb_sbs
-lab_t 30 mkdir "$nb"
-lab__record nullb "$nb"
-lab_write 1024 "$nb/size"
-lab_write 4096 "$nb/blocksize"
-lab_write 0 "$nb/memory_backed"
-lab_write 1 "$nb/power"
-lab_wait_until 10 "null_blk" sh -c "test -b /dev/nullb_sbs || ls /dev/nullb* >/dev/null"
-nbdev=/dev/nullb_sbs
-[[ -b $nbdev ]] || nbdev=/dev/nullb$(cat "$nb/index")
+nbdev=$(lab_null_blk 1 1024 4096 0)
 lab_kernel_target_up kernel "$nbdev" "$LAB_ADDR0" 4420
 knqn=$(lab_nqn kernel)
 
