@@ -66,3 +66,22 @@ nvmf_malloc_subsystem() {
     done
     nvmf_rpc nvmf_subsystem_add_listener "$nqn" -t rdma -f ipv4 -a "$addr" -s "$port" >/dev/null
 }
+
+# nvmf_null_target MODE NQN ADDR PORT [NVMF_TGT_ARGS...]: the benchmarks' target: nvmf-tgt
+# idling in MODE (a --poll-mode value, or LABEL=ARG,ARG,... for extra arguments), with one
+# bdev_null namespace (1 GiB, 4 KiB blocks) in NQN, open to any host, on ADDR:PORT.
+nvmf_null_target() {
+    local mode=$1 nqn=$2 addr=$3 port=$4 extra
+    shift 4
+    if [[ $mode == *=* ]]; then
+        IFS=, read -r -a extra <<<"${mode#*=}"
+    else
+        extra=(--poll-mode "$mode")
+    fi
+    nvmf_tgt_start "$@" "${extra[@]}"
+    nvmf_rpc nvmf_create_transport -t RDMA >/dev/null
+    nvmf_rpc bdev_null_create Null0 1024 4096 >/dev/null
+    nvmf_rpc nvmf_create_subsystem "$nqn" -a -s SPDK00000000000002 >/dev/null
+    nvmf_rpc nvmf_subsystem_add_ns "$nqn" Null0 >/dev/null
+    nvmf_rpc nvmf_subsystem_add_listener "$nqn" -t rdma -f ipv4 -a "$addr" -s "$port" >/dev/null
+}

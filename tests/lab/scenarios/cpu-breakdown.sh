@@ -60,19 +60,9 @@ measure kernel "$kdev"
 onqn=nqn.2016-06.io.spdk:null
 for spec in "${modes[@]}"; do
     mode=${spec%%=*}
-    if [[ $spec == *=* ]]; then IFS=, read -r -a extra <<<"${spec#*=}"; else extra=(--poll-mode "$spec"); fi
-    nvmf_tgt_start -m 0x1 "${extra[@]}"
-    nvmf_rpc nvmf_create_transport -t RDMA >/dev/null
-    nvmf_rpc bdev_null_create Null0 1024 4096 >/dev/null
-    nvmf_rpc nvmf_create_subsystem "$onqn" -a -s SPDK00000000000002 >/dev/null
-    nvmf_rpc nvmf_subsystem_add_ns "$onqn" Null0 >/dev/null
-    nvmf_rpc nvmf_subsystem_add_listener "$onqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s 4421 >/dev/null
+    nvmf_null_target "$spec" "$onqn" "$LAB_ADDR0" 4421 -m 0x1
     odev=$(lab_nvme_connect "$onqn" "$LAB_ADDR0" 4421)
-    nvmf_rpc nvmf_get_stats >"$LAB_OUT/$mode.stats0"
-    nvmf_rpc framework_get_reactors >"$LAB_OUT/$mode.reactors0"
     measure "$mode" "$odev" "$NVMF_TGT_PID"
-    nvmf_rpc nvmf_get_stats >"$LAB_OUT/$mode.stats1"
-    nvmf_rpc framework_get_reactors >"$LAB_OUT/$mode.reactors1"
     lab_nvme_disconnect "$onqn"
     nvmf_tgt_stop
 done

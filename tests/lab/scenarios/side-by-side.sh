@@ -44,18 +44,7 @@ onqn=nqn.2016-06.io.spdk:null
 # ours_up MODE: starts our target idling in MODE (a --poll-mode value, or LABEL=ARG,ARG,...)
 # and connects the host; sets odev.
 ours_up() {
-    local extra
-    if [[ $1 == *=* ]]; then
-        IFS=, read -r -a extra <<<"${1#*=}"
-    else
-        extra=(--poll-mode "$1")
-    fi
-    nvmf_tgt_start "${tgt_args[@]}" "${extra[@]}"
-    nvmf_rpc nvmf_create_transport -t RDMA >/dev/null
-    nvmf_rpc bdev_null_create Null0 1024 4096 >/dev/null
-    nvmf_rpc nvmf_create_subsystem "$onqn" -a -s SPDK00000000000002 >/dev/null
-    nvmf_rpc nvmf_subsystem_add_ns "$onqn" Null0 >/dev/null
-    nvmf_rpc nvmf_subsystem_add_listener "$onqn" -t rdma -f ipv4 -a "$LAB_ADDR0" -s 4421 >/dev/null
+    nvmf_null_target "$1" "$onqn" "$LAB_ADDR0" 4421 "${tgt_args[@]}"
     odev=$(lab_nvme_connect "$onqn" "$LAB_ADDR0" 4421)
 }
 
