@@ -25,6 +25,10 @@
 #     VerbsSrq>::post_recv`, ...), i.e. what a reactor executes itself, the bdev (null) and the
 #     core included, the NIC's work excluded. The acceptor's turn is left out (on a real
 #     target it is its own thread); it is printed in NAME.attrib.txt.
+# Empty turns: at a few connections a reactor spins through turns that find nothing while its
+# commands cross the fabric; what each costs is counted in a second callgrind run of the same
+# set-up (`--toggle-collect=*idle_phase*`, once per set-up: NAME idle-CONNSxREACTORS-MODE), and
+# the table gives the target's instructions per I/O both whole and without those turns (busy).
 # Verbs calls are the target's: SimFabric::stats() deltas over the measured phase minus the
 # host's own calls, which sim_ops counts (1 post_send per command, 1 post_recv per response,
 # its CQ polls). Doorbells are post calls.
@@ -62,6 +66,7 @@ DIRTY="$(sed -n 2p "$BINDIR/snapshot.txt")"
 export SNAPSHOT DIRTY
 RESULTS="$OUT/results.tsv"
 : >"$RESULTS"
+rm -f "$OUT"/idle-*.json
 
 # Two rounds (every connection does two measured I/Os), at least 4,000 I/Os. The measured
 # phase then takes under 25 s under callgrind; the largest runs take 1.5-3 min in all, nearly
@@ -91,7 +96,22 @@ for conns in $CONNS; do
                     >"$OUT/$name.attrib.txt"
                 attrib=$(python3 benches/callgrind_attrib.py "$OUT/$name.callgrind" "$ios" --json)
                 result=$(grep '^RESULT ' "$OUT/$name.log")
-                printf '%s\t%s\t%s\n' "$name" "$result" "$attrib" >>"$RESULTS"
+                # An empty turn's cost with these connections open: a second run counting only
+                # `idle_phase` (per reactor turn; the op does not matter, so once per set-up).
+                idle_name="idle-${conns}x$reactors-$mode"
+                if [ ! -s "$OUT/$idle_name.json" ]; then
+                    valgrind --tool=callgrind --collect-atstart=no \
+                        '--toggle-collect=*idle_phase*' \
+                        --callgrind-out-file="$OUT/$idle_name.callgrind" \
+                        "$BIN" "$op" "$conns" "$reactors" "$ios" "$mode" \
+                        >"$OUT/$idle_name.log" 2>"$OUT/$idle_name.err"
+                    reactor_turns=$(sed -n 's/^IDLE .*reactor_turns=\([0-9]*\).*/\1/p' "$OUT/$idle_name.log")
+                    python3 benches/callgrind_attrib.py "$OUT/$idle_name.callgrind" "$reactor_turns" \
+                        --top 20 >"$OUT/$idle_name.attrib.txt"
+                    python3 benches/callgrind_attrib.py "$OUT/$idle_name.callgrind" "$reactor_turns" \
+                        --json >"$OUT/$idle_name.json"
+                fi
+                printf '%s\t%s\t%s\t%s\n' "$name" "$result" "$attrib" "$(cat "$OUT/$idle_name.json")" >>"$RESULTS"
                 echo "$name: $(($(date +%s) - start)) s" >&2
             done
         done
@@ -102,16 +122,19 @@ python3 - "$RESULTS" >"$TABLE" <<'EOF'
 import json, sys
 rows = []
 for line in open(sys.argv[1]):
-    name, result, attrib = line.rstrip("\n").split("\t")
+    name, result, attrib, idle = line.rstrip("\n").split("\t")
     kv = dict(p.split("=", 1) for p in result.split()[1:])
     a = json.loads(attrib)
+    empty_turn = json.loads(idle)["target_per_io"]
     ios = int(kv["ios"])
     per = lambda k: int(kv[k]) / ios
+    busy = a["target_per_io"] - per("empty_reactor_turns") * empty_turn
     rows.append((
         int(kv["conns"]), int(kv["reactors"]), kv["op"], kv["mode"],
         a["target_per_io"], a["whole_per_io"],
         per("t_post_send"), per("t_send_wrs"), per("t_post_recv"),
         per("t_cq_polls"), per("t_empty_polls"), ios,
+        per("empty_reactor_turns"), empty_turn, busy,
     ))
 rows.sort(key=lambda r: (r[2], r[3] != "shared", r[1], r[0]))
 import os
@@ -128,12 +151,19 @@ knobs = sorted(f"{k}={v}" for k, v in os.environ.items()
                if k.startswith("SIM_") and k not in ("SIM_TAG", "SIM_NO_BUILD", "SIM_CONNS", "SIM_REACTORS",
                                                      "SIM_OPS", "SIM_SEPARATE_FROM"))
 print("Example knobs: " + (", ".join(knobs) if knobs else "defaults") + ".\n")
-print("| conns/reactor | reactors | op | namespace | target instr/I/O | whole instr/I/O "
+print("Empty turns: reactor turns of the measured phase that found no work (a polled reactor "
+      "spins while its few connections wait on the fabric); empty turn instr = the target's "
+      "instructions per reactor turn in `idle_phase` (same set-up, every connection open, "
+      "nothing in flight); busy instr/I/O = target instr/I/O - empty turns/I/O x empty turn "
+      "instr, i.e. what serving the I/O costs, without the spinning between I/Os.\n")
+print("| conns/reactor | reactors | op | namespace | target instr/I/O | busy instr/I/O "
+      "| empty turns/I/O | empty turn instr | whole instr/I/O "
       "| send doorbells/I/O | send WRs/I/O | recv doorbells/I/O | CQ polls/I/O "
       "| empty polls/I/O | I/Os |")
-print("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
-    print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:,.0f} | {r[5]:,.0f} | {r[6]:.3f} "
+    print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:,.0f} | {r[14]:,.0f} | {r[12]:.2f} "
+          f"| {r[13]:,.0f} | {r[5]:,.0f} | {r[6]:.3f} "
           f"| {r[7]:.3f} | {r[8]:.3f} | {r[9]:.3f} | {r[10]:.3f} | {r[11]} |")
 EOF
 cat "$TABLE"

@@ -41,6 +41,14 @@
 //! so batching grows with load as on a real NIC; at a few connections most turns find
 //! nothing (the empty polls).
 //!
+//! # Idle phase
+//!
+//! After the measured phase, `SIM_IDLE_TURNS` (default 10,000) quanta in which every reactor
+//! polls once with every connection open and nothing in flight (`idle_phase`): what an
+//! empty turn costs. `benches/sim-scaling.sh` counts it in a second callgrind run and takes
+//! the measured phase's empty reactor turns (printed as `empty_reactor_turns`) times that
+//! cost off the I/O's, for the instructions that serve the I/O rather than spin between them.
+//!
 //! # What is printed
 //!
 //! Verbs calls per I/O from `SimFabric::stats()` deltas over the measured phase. The host's
@@ -101,6 +109,8 @@ struct Phase {
     ios: u64,
     rounds: u64,
     turns: u64,
+    /// Reactor turns (one per reactor per turn) that found no work.
+    empty_reactor_turns: u64,
     virtual_ns: u64,
 }
 
@@ -214,7 +224,7 @@ fn main() {
 
     let mut spare = HostCalls::default();
     for _ in 0..warmup {
-        round(&mut lab, &mut conns, op, quantum, &mut spare);
+        round(&mut lab, &mut conns, op, quantum, &mut spare, &mut 0);
     }
     keep_alive(&mut lab, &mut admins);
 
@@ -224,6 +234,8 @@ fn main() {
     let phase = measured_phase(&mut lab, &mut conns, op, ios, quantum, &mut host_calls);
     let wall = start.elapsed();
     let after = lab.fabric.stats();
+    let idle_turns: u64 = env_or("SIM_IDLE_TURNS", 10_000u64);
+    idle_phase(&mut lab, idle_turns, quantum);
     keep_alive(&mut lab, &mut admins);
 
     report(
@@ -236,6 +248,10 @@ fn main() {
         &before,
         &after,
         &host_calls,
+    );
+    println!(
+        "IDLE turns={idle_turns} reactor_turns={}",
+        idle_turns * reactors as u64
     );
 }
 
@@ -263,7 +279,14 @@ fn measured_phase(
     let mut phase = Phase::default();
     while phase.ios < ios {
         let n = (ios - phase.ios).min(conns.len() as u64) as usize;
-        phase.turns += round(lab, &mut conns[..n], op, quantum, host);
+        phase.turns += round(
+            lab,
+            &mut conns[..n],
+            op,
+            quantum,
+            host,
+            &mut phase.empty_reactor_turns,
+        );
         phase.ios += n as u64;
         phase.rounds += 1;
     }
@@ -271,14 +294,29 @@ fn measured_phase(
     phase
 }
 
+/// What an empty reactor turn costs with every connection open and nothing in flight:
+/// `turns` quanta in which each reactor polls once (callgrind counts it apart, with
+/// `--toggle-collect=*idle_phase*`). A polled reactor turns many times per I/O at low load,
+/// so this is what each of those turns adds to an I/O.
+#[inline(never)]
+fn idle_phase(lab: &mut SimLab, turns: u64, quantum: Duration) {
+    for _ in 0..turns {
+        lab.fabric.advance(quantum);
+        for pg in &mut lab.pgs {
+            pg.poll();
+        }
+    }
+}
+
 /// One command on every connection of `conns`, then turns until all are answered. Returns
-/// the turns taken.
+/// the turns taken; adds the reactor turns that found no work to `empty`.
 fn round(
     lab: &mut SimLab,
     conns: &mut [Conn],
     op: Op,
     quantum: Duration,
     host: &mut HostCalls,
+    empty: &mut u64,
 ) -> u64 {
     for c in conns.iter_mut() {
         c.cid = c.cid.wrapping_add(1) & 0x0fff;
@@ -301,7 +339,7 @@ fn round(
     let mut pending = conns.len();
     let mut turns = 0u64;
     while pending > 0 {
-        let work = turn(lab, quantum);
+        let work = turn(lab, quantum, empty);
         turns += 1;
         if work > 0 || lab.fabric.pending_events() > 0 {
             continue;
@@ -322,8 +360,9 @@ fn round(
 }
 
 /// One reactor-loop iteration of `quantum` virtual time (or up to the next event, if none is
-/// due within it): fabric events, the acceptor, every reactor. Returns the reactors' work.
-fn turn(lab: &mut SimLab, quantum: Duration) -> usize {
+/// due within it): fabric events, the acceptor, every reactor. Returns the reactors' work and
+/// counts the reactors that found none in `empty`.
+fn turn(lab: &mut SimLab, quantum: Duration, empty: &mut u64) -> usize {
     let events = lab.fabric.stats().events;
     lab.fabric.advance(quantum);
     if lab.fabric.stats().events == events && lab.fabric.pending_events() > 0 {
@@ -331,7 +370,11 @@ fn turn(lab: &mut SimLab, quantum: Duration) -> usize {
     }
     let mut work = lab.transport.acceptor_turn(Duration::ZERO);
     for pg in &mut lab.pgs {
-        work += pg.poll();
+        let w = pg.poll();
+        if w == 0 {
+            *empty += 1;
+        }
+        work += w;
     }
     work
 }
@@ -438,12 +481,13 @@ fn report(
         after.cqes_lost - before.cqes_lost,
     );
     println!(
-        "RESULT op={op_name} conns={per_reactor} reactors={reactors} mode={mode} ios={} rounds={} turns={} wall_s={:.6} \
+        "RESULT op={op_name} conns={per_reactor} reactors={reactors} mode={mode} ios={} rounds={} turns={} empty_reactor_turns={} wall_s={:.6} \
          t_post_send={} t_send_wrs={} t_post_recv={} t_recv_wrs={} t_cq_polls={} t_empty_polls={} \
          f_post_send={} f_send_wrs={} f_post_recv={} f_recv_wrs={} f_cq_polls={} f_empty_polls={} rnr_naks={}",
         phase.ios,
         phase.rounds,
         phase.turns,
+        phase.empty_reactor_turns,
         wall.as_secs_f64(),
         target.post_send_calls,
         target.send_wrs,

@@ -119,6 +119,10 @@ pub(crate) struct GroupSubsystem {
 /// before; an idle turn's may be this many turns old (timers are in ms).
 const CLOCK_EVERY_TURNS: u32 = 8;
 
+/// Idle turns poll the bdev channels only when I/O is outstanding, and all of them once per
+/// this many turns whatever the count says.
+const CHANNEL_SWEEP_TURNS: u32 = 64;
+
 /// Where a core's time comes from: the system's monotonic clock, or a simulation's.
 enum Clock {
     System(Instant),
@@ -146,6 +150,12 @@ pub struct CoreCtx {
     ns_table: NamespaceTable,
     /// Namespaces removed while I/O was in flight: polled until drained, then dropped.
     draining: Vec<GroupNamespace>,
+    /// I/O handed to a channel (or its retry queue) and not yet reported done. An idle turn
+    /// with none skips the channels: polling every namespace's channel on every turn made a
+    /// spinning reactor's empty turn cost grow with its namespaces.
+    bdev_io_outstanding: usize,
+    /// Turns since every channel was last polled (see [`CHANNEL_SWEEP_TURNS`]).
+    turns_since_sweep: u32,
     wakeups: Vec<(ReqTag, Wakeup)>,
     pub(crate) aux_pool: Option<BufferPool>,
     clock: Clock,
@@ -186,6 +196,8 @@ impl CoreCtx {
             controllers: HashMap::new(),
             ns_table: NamespaceTable::default(),
             draining: Vec::new(),
+            bdev_io_outstanding: 0,
+            turns_since_sweep: 0,
             wakeups: Vec::with_capacity(256),
             aux_pool: None,
             clock: Clock::System(Instant::now()),
@@ -622,15 +634,24 @@ impl CoreCtx {
             self.read_clock();
         }
         let mut work = 0;
-        let wakeups = &mut self.wakeups;
-        for gns in self.ns_table.iter_mut() {
-            work += poll_namespace(gns, wakeups);
+        // Every CHANNEL_SWEEP_TURNS-th turn polls them whatever the count says: were it ever
+        // short of what is in flight, that I/O would still finish, a few turns late.
+        self.turns_since_sweep += 1;
+        if self.bdev_io_outstanding > 0 || self.turns_since_sweep >= CHANNEL_SWEEP_TURNS {
+            self.turns_since_sweep = 0;
+            let wakeups = &mut self.wakeups;
+            for gns in self.ns_table.iter_mut() {
+                work += poll_namespace(gns, wakeups);
+            }
+            for gns in &mut self.draining {
+                work += poll_namespace(gns, wakeups);
+            }
+            self.bdev_io_outstanding = self.bdev_io_outstanding.saturating_sub(work);
+            if !self.draining.is_empty() {
+                self.draining
+                    .retain(|g| g.channel.in_flight() > 0 || !g.retry.is_empty());
+            }
         }
-        for gns in &mut self.draining {
-            work += poll_namespace(gns, wakeups);
-        }
-        self.draining
-            .retain(|g| g.channel.in_flight() > 0 || !g.retry.is_empty());
         self.tick = self.now_ms >= self.next_tick_ms;
         if !self.tick {
             return work;
@@ -751,6 +772,7 @@ impl CoreCtx {
             .ns_table
             .get_mut(slot)
             .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+        self.bdev_io_outstanding += 1;
         if !gns.retry.is_empty() {
             gns.retry.push_back(io);
             self.stats.pending_bdev_io += 1;

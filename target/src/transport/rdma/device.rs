@@ -14,6 +14,7 @@ use nvmf_common::rdma::{
     VerbsSrq, MAX_CHAIN,
 };
 use nvmf_common::spec::Command;
+use smallvec::SmallVec;
 use zerocopy::FromBytes;
 
 use super::request::{wr_id, WrKind};
@@ -261,23 +262,29 @@ impl<V: Verbs> DeviceResources<V> {
     /// Posts consumed receive slots back to the SRQ, a chain at a time, each with a capsule
     /// buffer (the one it had, or a fresh one). Slots for which the capsule pool has no
     /// buffer left wait for a later turn.
+    #[inline]
     pub fn flush_reposts(&mut self) -> Result<(), String> {
-        // Every turn calls this: a turn with nothing to repost must not even build the array.
+        // Checked here, inlined: most turns have nothing to repost (see `flush_sends`).
         if self.repost.is_empty() {
             return Ok(());
         }
-        let mut sges = [[Sge::default(); 2]; MAX_CHAIN];
+        self.post_reposts()
+    }
+
+    #[inline(never)]
+    fn post_reposts(&mut self) -> Result<(), String> {
         while !self.repost.is_empty() {
             let want = self.repost.len().min(MAX_CHAIN);
             let start = self.repost.len() - want;
-            let (mut n, mut starved) = (0, false);
-            for (i, sge) in sges.iter_mut().enumerate().take(want) {
-                let slot = self.repost[start + i];
+            let mut starved = false;
+            // Only the entries this chain uses are built (see `flush_batch`).
+            let mut sges: SmallVec<[[Sge; 2]; MAX_CHAIN]> = SmallVec::new();
+            for &slot in &self.repost[start..] {
                 let cmd = self
                     .recv_cmds
                     .sge(slot as usize * SQE_LEN, SQE_LEN)
                     .expect("slot inside the command region");
-                sge[0] = cmd;
+                let mut data = Sge::default();
                 if let Some(pool) = &self.capsules {
                     let lent = &mut self.lent[slot as usize];
                     if lent.is_none() {
@@ -287,23 +294,26 @@ impl<V: Verbs> DeviceResources<V> {
                         starved = true;
                         break;
                     };
-                    sge[1] = Sge {
+                    data = Sge {
                         addr: buf.addr(),
                         length: self.in_capsule,
                         lkey: buf.lkey(),
                     };
                 }
-                n += 1;
+                sges.push([cmd, data]);
             }
+            let n = sges.len();
             if n > 0 {
                 let sge_count = if self.capsules.is_some() { 2 } else { 1 };
                 let slots = &self.repost[start..start + n];
-                // A fixed array, not a Vec: reposting runs on every reactor turn with traffic.
-                let chain: [RecvWr<'_>; MAX_CHAIN] = std::array::from_fn(|i| {
-                    let slot = slots.get(i).copied().unwrap_or(0);
-                    RecvWr::new(wr_id(WrKind::Recv, 0, 0, slot), &sges[i][..sge_count])
-                });
-                self.srq.post_recv(&chain[..n]).map_err(|e| e.to_string())?;
+                let chain: SmallVec<[RecvWr<'_>; MAX_CHAIN]> = slots
+                    .iter()
+                    .zip(&sges)
+                    .map(|(&slot, sge)| {
+                        RecvWr::new(wr_id(WrKind::Recv, 0, 0, slot), &sge[..sge_count])
+                    })
+                    .collect();
+                self.srq.post_recv(&chain).map_err(|e| e.to_string())?;
                 self.recv_posted += n as u32;
                 self.stats.recv_doorbell_updates += 1;
                 self.stats.total_recv_wrs += n as u64;

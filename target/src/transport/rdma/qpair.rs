@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 
 use nvmf_common::rdma::{CmIdToken, DmaBuf, RdmaError, SendWr, Sge, Verbs, VerbsQp, MAX_CHAIN};
+use smallvec::SmallVec;
 use zerocopy::IntoBytes;
 
 use super::request::{wr_id, HostData, RdmaRequest, State, WrKind, MAX_QPAIRS};
@@ -91,6 +92,7 @@ pub(super) fn wrs_of(r: &RdmaRequest) -> u32 {
     if r.req.dir == DataDirection::ControllerToHost
         && r.req.status().is_success()
         && r.req.data.is_some()
+        && matches!(r.host, HostData::Keyed { .. })
     {
         2
     } else {
@@ -290,59 +292,43 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
             n_wr += w;
             next += 1;
         }
-        let mut rsp_sges = [[Sge::default(); 1]; MAX_CHAIN];
-        let mut data_sges = [[Sge::default(); 1]; MAX_CHAIN];
-        for j in 0..n_req {
-            let si = slots[j];
+        // Only the entries this chain uses are built: at one or two requests a chain, filling
+        // and zeroing all MAX_CHAIN of each array cost more than the requests themselves.
+        let mut rsp_sges: SmallVec<[[Sge; 1]; MAX_CHAIN]> = SmallVec::new();
+        let mut data_sges: SmallVec<[[Sge; 1]; MAX_CHAIN]> = SmallVec::new();
+        for &si in &slots[..n_req] {
             let offset = si as usize * CQE_LEN;
-            let rsp = qp.requests[si as usize].req.rsp;
-            qp.responses.write_at(offset, rsp.as_bytes());
-            rsp_sges[j] = [qp
+            let r = &qp.requests[si as usize];
+            qp.responses.write_at(offset, r.req.rsp.as_bytes());
+            rsp_sges.push([qp
                 .responses
                 .sge(offset, CQE_LEN)
-                .expect("slot inside the region")];
-            data_sges[j] = [qp.requests[si as usize]
-                .data_source_sge()
-                .unwrap_or_default()];
-        }
-        // Work request k of the chain: which request, and whether it is that request's WRITE.
-        let mut at = [(0usize, false); MAX_CHAIN];
-        let mut k = 0;
-        for (j, &count) in counts[..n_req].iter().enumerate() {
-            if count == 2 {
-                at[k] = (j, true);
-                k += 1;
-            }
-            at[k] = (j, false);
-            k += 1;
+                .expect("slot inside the region")]);
+            data_sges.push([r.data_source_sge().unwrap_or_default()]);
         }
         let (gen, send_with_invalidate) = (qp.gen, qp.send_with_invalidate);
-        let requests = &qp.requests;
-        let chain: [SendWr<'_>; MAX_CHAIN] = std::array::from_fn(|k| {
-            let (j, is_write) = at[k];
+        let mut chain: SmallVec<[SendWr<'_>; MAX_CHAIN]> = SmallVec::new();
+        for (j, &count) in counts[..n_req].iter().enumerate() {
             let si = slots[j];
-            let host = requests[si as usize].host;
-            match (is_write, host) {
-                (true, HostData::Keyed { addr, key, .. }) => {
+            let host = qp.requests[si as usize].host;
+            if let (2, HostData::Keyed { addr, key, .. }) = (count, host) {
+                chain.push(
                     SendWr::rdma_write(wr_id(WrKind::Write, gen, qi, si), &data_sges[j], addr, key)
-                        .signaled(false)
-                }
-                (
-                    _,
-                    HostData::Keyed {
-                        key,
-                        invalidate: true,
-                        ..
-                    },
-                ) if send_with_invalidate => SendWr::send_with_invalidate(
-                    wr_id(WrKind::Send, gen, qi, si),
-                    &rsp_sges[j],
-                    key,
-                ),
-                _ => SendWr::send(wr_id(WrKind::Send, gen, qi, si), &rsp_sges[j]),
+                        .signaled(false),
+                );
             }
-        });
-        let result = qp.qp.post_send(&chain[..n_wr as usize]);
+            let id = wr_id(WrKind::Send, gen, qi, si);
+            chain.push(match host {
+                HostData::Keyed {
+                    key,
+                    invalidate: true,
+                    ..
+                } if send_with_invalidate => SendWr::send_with_invalidate(id, &rsp_sges[j], key),
+                _ => SendWr::send(id, &rsp_sges[j]),
+            });
+        }
+        debug_assert_eq!(chain.len(), n_wr as usize);
+        let result = qp.qp.post_send(&chain);
         doorbells += 1;
         match result {
             Ok(()) => {
