@@ -1,6 +1,6 @@
 //! What an idle reactor turn costs: it polls no bdev channel while none has I/O outstanding
 //! (a spinning reactor's empty turn grew with its namespaces), and a turn with I/O outstanding
-//! still polls at once, so nothing waits for the occasional sweep of every channel.
+//! polls at once.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -92,15 +92,14 @@ fn idle_turns_poll_no_bdev_channel_and_io_is_answered_at_once() {
     let (_admin, cntlid) = admin_queue(&mut lab, &host);
     let mut q = io_queue_qid(&mut lab, &host, cntlid, 1, 16, 8192);
 
-    // Idle, a host connected: 640 turns poll the channel only in the sweeps (one per 64
-    // turns), not on every turn.
+    // Idle, a host connected: no turn polls the channel.
     let before = polls.load(Ordering::Relaxed);
     lab.turns(640);
     let idle = polls.load(Ordering::Relaxed) - before;
-    assert!(idle <= 11, "{idle} channel polls in 640 idle turns");
+    assert_eq!(idle, 0, "channel polls in 640 idle turns");
 
     // With a read outstanding the next turn polls the channel: each read is answered within
-    // a few turns, where waiting for a sweep would take up to 64.
+    // a few turns.
     for i in 0..16u16 {
         q.submit(Command::read(100 + i, 2, u64::from(i), 1), keyed(0, 512));
         let mut turns = 0;
@@ -116,4 +115,12 @@ fn idle_turns_poll_no_bdev_channel_and_io_is_answered_at_once() {
         assert_eq!(c.cid.get(), 100 + i);
         assert!(turns <= 12, "read {i} answered after {turns} turns");
     }
+    // And idle again: the count of outstanding I/O came back to zero.
+    let before = polls.load(Ordering::Relaxed);
+    lab.turns(640);
+    assert_eq!(
+        polls.load(Ordering::Relaxed),
+        before,
+        "polled after the reads"
+    );
 }

@@ -119,10 +119,6 @@ pub(crate) struct GroupSubsystem {
 /// before; an idle turn's may be this many turns old (timers are in ms).
 const CLOCK_EVERY_TURNS: u32 = 8;
 
-/// Idle turns poll the bdev channels only when I/O is outstanding, and all of them once per
-/// this many turns whatever the count says.
-const CHANNEL_SWEEP_TURNS: u32 = 64;
-
 /// Where a core's time comes from: the system's monotonic clock, or a simulation's.
 enum Clock {
     System(Instant),
@@ -150,12 +146,12 @@ pub struct CoreCtx {
     ns_table: NamespaceTable,
     /// Namespaces removed while I/O was in flight: polled until drained, then dropped.
     draining: Vec<GroupNamespace>,
-    /// I/O handed to a channel (or its retry queue) and not yet reported done. An idle turn
-    /// with none skips the channels: polling every namespace's channel on every turn made a
-    /// spinning reactor's empty turn cost grow with its namespaces.
+    /// I/O handed to a channel (or its retry queue) and not yet reported done. A turn with
+    /// none skips the channels: polling every namespace's channel on every turn made a
+    /// spinning reactor's empty turn cost grow with its namespaces. Exact by construction:
+    /// every I/O enters through `submit_io` and leaves as one completion a channel hands to
+    /// `poll_namespace` (counted there, not taken from what `poll` returns).
     bdev_io_outstanding: usize,
-    /// Turns since every channel was last polled (see [`CHANNEL_SWEEP_TURNS`]).
-    turns_since_sweep: u32,
     wakeups: Vec<(ReqTag, Wakeup)>,
     pub(crate) aux_pool: Option<BufferPool>,
     clock: Clock,
@@ -197,7 +193,6 @@ impl CoreCtx {
             ns_table: NamespaceTable::default(),
             draining: Vec::new(),
             bdev_io_outstanding: 0,
-            turns_since_sweep: 0,
             wakeups: Vec::with_capacity(256),
             aux_pool: None,
             clock: Clock::System(Instant::now()),
@@ -634,11 +629,7 @@ impl CoreCtx {
             self.read_clock();
         }
         let mut work = 0;
-        // Every CHANNEL_SWEEP_TURNS-th turn polls them whatever the count says: were it ever
-        // short of what is in flight, that I/O would still finish, a few turns late.
-        self.turns_since_sweep += 1;
-        if self.bdev_io_outstanding > 0 || self.turns_since_sweep >= CHANNEL_SWEEP_TURNS {
-            self.turns_since_sweep = 0;
+        if self.bdev_io_outstanding > 0 {
             let wakeups = &mut self.wakeups;
             for gns in self.ns_table.iter_mut() {
                 work += poll_namespace(gns, wakeups);
@@ -878,10 +869,14 @@ impl CoreCtx {
     }
 }
 
+/// Polls a namespace's channel and retries what it refused; returns the completions it
+/// handed over.
 fn poll_namespace(gns: &mut GroupNamespace, wakeups: &mut Vec<(ReqTag, Wakeup)>) -> usize {
-    let done = gns
-        .channel
-        .poll(&mut |c| wakeups.push((ReqTag(c.tag), Wakeup::Bdev(c))));
+    let mut done = 0;
+    gns.channel.poll(&mut |c| {
+        done += 1;
+        wakeups.push((ReqTag(c.tag), Wakeup::Bdev(c)));
+    });
     while let Some(io) = gns.retry.pop_front() {
         if let Err(io) = gns.channel.submit(io) {
             gns.retry.push_front(io);
