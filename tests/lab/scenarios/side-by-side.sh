@@ -117,9 +117,13 @@ from labstats import cpu_busy, fio_totals, rdma_counters
 
 runs = os.path.join(out, "runs")
 rows = {}
+# (who, "REPEAT-PHASE") -> (IOPS, mean latency, CPU) per job, to pair each of our runs with
+# the kernel's run next to it (same repeat, same phase) and with pure polling's run of
+# the same repeat: run-to-run swings under TCG are larger than the differences measured.
+paired = {}
 for path in glob.glob(os.path.join(runs, "*.json")):
     stem = os.path.basename(path)[:-5]
-    name, who, _ = stem.split("~")
+    name, who, rep = stem.split("~")
     iops, p99, mean, errors = fio_totals(path)
     if errors:
         sys.exit(f"run {stem}: fio reported {errors} errors")
@@ -132,6 +136,7 @@ for path in glob.glob(os.path.join(runs, "*.json")):
         reqs = b.get("requests", 0) - a.get("requests", 0)
         per_bell = reqs / bells if bells else None
     rows.setdefault(name, {}).setdefault(who, []).append((iops, p99, mean, cpu, per_bell))
+    paired.setdefault(name, {})[(who, rep)] = (iops, mean, cpu)
 
 med = statistics.median
 print(f"ib_write_bw 4 KiB on the same link: {wire} msg/s; fio {runtime} s per run, median of "
@@ -158,6 +163,36 @@ for name in order:
         print(f"| {name} | {who} | {iops:.0f} | {iops / ki:.2f} | {med([x[2] for x in xs]):.0f} | "
               f"{med([x[1] for x in xs]):.0f} | {med([x[3] for x in xs]):.0f} | {per_io / kc:.2f} | "
               f"{bell} | {iops / wire:.2f} |")
+
+print()
+print("Paired, medians of per-repeat ratios: each of our runs against the kernel's run of the "
+      "same job next to it (same repeat, same phase; the order alternates by repeat), and "
+      "against pure polling's run of the same repeat. The kernel's runs in a pure phase have "
+      "our idle target spinning beside them: only the adaptive pairs compare against an "
+      "undisturbed kernel.")
+print()
+print("| job | target | IOPS vs kernel | CPU per I/O vs kernel | mean lat vs kernel | mean lat vs pure | pairs |")
+print("|---|---|---:|---:|---:|---:|---:|")
+for name in order:
+    runs_of = paired.get(name, {})
+    whos = sorted({w for (w, _) in runs_of if w != "kernel"}, key=lambda w: (w != "adaptive", w))
+    for who in whos:
+        iops_r, cpu_r, lat_r, pure_r = [], [], [], []
+        for (w, rep), (iops, mean, cpu) in runs_of.items():
+            if w != who or not iops:
+                continue
+            k = runs_of.get(("kernel", rep))
+            if k and k[0]:
+                iops_r.append(iops / k[0])
+                cpu_r.append((cpu / iops) / (k[2] / k[0]))
+                lat_r.append(mean / k[1])
+            pure = [v for (pw, prep), v in runs_of.items()
+                    if pw == "pure" and prep.split("-", 1)[0] == rep.split("-", 1)[0]]
+            if who != "pure" and pure and pure[0][1]:
+                pure_r.append(mean / pure[0][1])
+        fmt = lambda xs: f"{med(xs):.2f}" if xs else "-"
+        print(f"| {name} | {who} | {fmt(iops_r)} | {fmt(cpu_r)} | {fmt(lat_r)} | {fmt(pure_r)} | "
+              f"{len(iops_r)} |")
 
 idle = {}
 for path in glob.glob(os.path.join(out, "idle", "*.cpu0")):
