@@ -30,6 +30,10 @@ impl Pollable for ReactorState {
     fn commands_done(&self) -> u64 {
         self.0.core.stats.completed_nvme_io
     }
+
+    fn observe_clock(&mut self, now: std::time::Instant) {
+        self.0.observe_clock(now);
+    }
 }
 
 /// Starts one pinned reactor per core, each with its poll group, idling as `idle` says;

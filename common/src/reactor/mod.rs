@@ -42,6 +42,13 @@ pub trait Pollable {
     fn commands_done(&self) -> u64 {
         0
     }
+    /// The reactor just read the system clock (`now`): a state that keeps time may take this
+    /// reading instead of making its own. Where the clock is not served from user space (the
+    /// lab's TCG guests run on HPET: every read is a syscall and an emulated device access)
+    /// two readers reading apart doubled the syscalls of an idle spin.
+    fn observe_clock(&mut self, now: Instant) {
+        let _ = now;
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -134,11 +141,15 @@ fn current_tid() -> u64 {
 /// Idle turns spun before the reactor starts looking at the clock: a short gap between two
 /// completions costs nothing but these turns.
 const IDLE_TURNS_BEFORE_CLOCK: u32 = 64;
-/// Past those, an idle reactor reads the clock once per this many idle turns. Where the system
-/// clock is not served from user space (the lab's TCG guests run on HPET, and every
-/// `clock_gettime` there is a syscall and an emulated device read) a read per turn made a
-/// spinning reactor a syscall loop.
+/// Past those, an idle reactor reads the clock once per this many idle turns, to decide when
+/// to sleep, yield or nap. Where the system clock is not served from user space (the lab's
+/// TCG guests run on HPET, and every `clock_gettime` there is a syscall and an emulated device
+/// read) a read per turn made a spinning reactor a syscall loop.
 const IDLE_CLOCK_EVERY: u32 = 8;
+/// A pure-polling reactor decides nothing by the clock: it reads it only to split busy from
+/// idle time and to hand its state the time for timers ([`Pollable::observe_clock`]), both at
+/// millisecond grain.
+const IDLE_CLOCK_EVERY_PURE: u32 = 64;
 /// Idle this long, the reactor yields its core between turns.
 const YIELD_AFTER: Duration = Duration::from_micros(100);
 /// Idle this long, it naps between turns: an idle target costs (almost) no CPU.
@@ -326,11 +337,15 @@ fn run<S: Pollable>(
     sleeper: &mut Sleeper,
 ) {
     let mode = policy.mode;
+    let clock_every = match mode {
+        IdleMode::Pure => IDLE_CLOCK_EVERY_PURE,
+        _ => IDLE_CLOCK_EVERY,
+    };
     let mut spin = SpinWindow::new(policy.max_spin);
     let mut idle: u32 = 0;
     let mut clock = TurnClock::new();
     // How long the idle streak has lasted, as last read, and the idle turns until the next
-    // reading: the clock is read every IDLE_CLOCK_EVERY idle turns, not every turn.
+    // reading: the clock is read every `clock_every` idle turns, not every turn.
     let mut waited = Duration::ZERO;
     let mut until_clock: u32 = 0;
     while !stop.load(Ordering::Relaxed) {
@@ -351,7 +366,7 @@ fn run<S: Pollable>(
                 }
                 if until_clock == 0 {
                     waited = clock.idle_for();
-                    until_clock = IDLE_CLOCK_EVERY;
+                    until_clock = clock_every;
                 }
                 until_clock -= 1;
                 let slept = if mode == IdleMode::Adaptive && waited >= spin.window() {
@@ -383,6 +398,9 @@ fn run<S: Pollable>(
         if !published && (clock.busy_turns + clock.idle_turns) & 1023 == 0 {
             clock.publish(stats);
         }
+        if let Some(now) = clock.reading.take() {
+            state.observe_clock(now);
+        }
     }
     clock.publish(stats);
 }
@@ -400,6 +418,8 @@ struct TurnClock {
     /// `idle_since` on, busy before it.
     period_start: Instant,
     idle_since: Option<Instant>,
+    /// The last clock reading not yet handed to the state ([`Pollable::observe_clock`]).
+    reading: Option<Instant>,
 }
 
 impl TurnClock {
@@ -411,7 +431,15 @@ impl TurnClock {
             idle_ns: 0,
             period_start: Instant::now(),
             idle_since: None,
+            reading: None,
         }
+    }
+
+    /// Reads the system clock: the one place the loop does.
+    fn read(&mut self) -> Instant {
+        let now = Instant::now();
+        self.reading = Some(now);
+        now
     }
 
     /// A turn did work; an idle streak that was looking at the clock ends now. Returns how
@@ -421,31 +449,31 @@ impl TurnClock {
         let Some(since) = self.idle_since.take() else {
             return Duration::ZERO;
         };
-        let now = Instant::now();
+        let now = self.read();
         // A publish during the streak already counted its start.
         self.idle_ns += nanos(since.max(self.period_start), now);
         self.period_start = now;
         now.saturating_duration_since(since)
     }
 
-    /// How long the current idle streak has lasted (it starts now if it was not timed yet).
+    /// How long the current idle streak has lasted (it starts now if it was not timed yet:
+    /// zero, without a second reading).
     fn idle_for(&mut self) -> Duration {
-        let since = match self.idle_since {
-            Some(since) => since,
+        let now = self.read();
+        match self.idle_since {
+            Some(since) => now.saturating_duration_since(since),
             None => {
-                let now = Instant::now();
                 self.busy_ns += nanos(self.period_start, now);
                 self.period_start = now;
                 self.idle_since = Some(now);
-                now
+                Duration::ZERO
             }
-        };
-        since.elapsed()
+        }
     }
 
     /// Adds the time since the period's start to busy or idle and stores every counter.
     fn publish(&mut self, stats: &ReactorStats) {
-        let now = Instant::now();
+        let now = self.read();
         match self.idle_since {
             Some(since) if since > self.period_start => {
                 self.busy_ns += nanos(self.period_start, since);
@@ -576,6 +604,61 @@ mod tests {
         }
         fn shutdown(&mut self) {
             self.shut.store(true, Ordering::Release);
+        }
+    }
+
+    /// Counts its turns and the clock readings the reactor hands it.
+    struct Timekeeper {
+        turns: Arc<AtomicU64>,
+        readings: Arc<AtomicU64>,
+        last: Option<Instant>,
+    }
+
+    impl Pollable for Timekeeper {
+        fn poll(&mut self) -> usize {
+            self.turns.fetch_add(1, Ordering::Relaxed);
+            0
+        }
+        fn observe_clock(&mut self, now: Instant) {
+            assert!(self.last.is_none_or(|last| now >= last), "time went back");
+            self.last = Some(now);
+            self.readings.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// An idle reactor reads the clock once per few turns (each read can be a syscall) and
+    /// hands every reading to its state, so the state need not read it again.
+    #[test]
+    fn an_idle_reactor_reads_the_clock_sparingly_and_hands_each_reading_over() {
+        // Pure polling decides nothing by the clock; back-off times its yields and naps.
+        for (mode, every) in [(IdleMode::Pure, 64u64), (IdleMode::Backoff, 8)] {
+            let turns = Arc::new(AtomicU64::new(0));
+            let readings = Arc::new(AtomicU64::new(0));
+            let (r, ()) = Reactor::spawn(0, "clock".into(), mode, {
+                let (turns, readings) = (Arc::clone(&turns), Arc::clone(&readings));
+                move |_| {
+                    let state = Timekeeper {
+                        turns,
+                        readings,
+                        last: None,
+                    };
+                    (state, ())
+                }
+            })
+            .unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            r.join();
+            let (turns, readings) = (
+                turns.load(Ordering::Relaxed),
+                readings.load(Ordering::Relaxed),
+            );
+            assert!(readings >= 2, "{mode:?}: no reading handed over");
+            // One per `every` idle turns past the first 64, one per 1,024 turns to publish.
+            let most = turns / every + turns / 1024 + 2;
+            assert!(
+                readings <= most,
+                "{mode:?}: {readings} readings in {turns} turns (at most {most})"
+            );
         }
     }
 

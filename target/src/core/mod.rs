@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use nvmf_common::buffer::BufferPool;
 use nvmf_common::spec::{Status, FABRICS_OPCODE};
+use rustc_hash::FxHashMap;
 
 use crate::bdev::BdevIo;
 use crate::cmd;
@@ -108,16 +109,22 @@ impl TargetInfo {
 
 pub(crate) struct GroupSubsystem {
     pub config: Arc<SubsystemConfig>,
-    /// NSID -> the namespace's entry in the reactor's [`NamespaceTable`].
-    pub namespaces: HashMap<u32, NsSlot>,
+    /// NSID -> the namespace's entry in the reactor's [`NamespaceTable`]. Looked up once per
+    /// command: integer keys the control plane inserts take a multiply, not SipHash (a
+    /// host's NSID only looks up, so it cannot lengthen a probe).
+    pub namespaces: FxHashMap<u32, NsSlot>,
 }
 
-/// The system clock is read after every turn that found work, after every sleep, and once per
-/// this many idle turns, not on every idle turn: where it is not served from user space (the
-/// lab's TCG guests run on HPET, where each read is a syscall and an emulated device access) a
-/// read per turn made a spinning reactor a syscall loop. Timestamps of work are as fresh as
-/// before; an idle turn's may be this many turns old (timers are in ms).
-const CLOCK_EVERY_TURNS: u32 = 8;
+/// The system clock is read after every turn that found work and after every sleep; on idle
+/// turns a reactor hands over the readings it makes anyway ([`CoreCtx::observe_clock`], every
+/// 8 idle turns past its first 64), and the core reads the clock itself only after this many
+/// turns without a reading (a poll group polled outside a reactor). Where the clock is not
+/// served from user space (the lab's TCG guests run on HPET, where each read is a syscall and
+/// an emulated device access) the core reading every 8 idle turns beside the reactor's own
+/// readings made a spinning reactor a syscall loop: at queue depth 32, some 19 readings per
+/// lull between bursts. Timestamps of work are as fresh as before; an idle turn's may be a
+/// few turns old (timers are in ms).
+const CLOCK_EVERY_TURNS: u32 = 256;
 
 /// Where a core's time comes from: the system's monotonic clock, or a simulation's.
 enum Clock {
@@ -137,11 +144,11 @@ impl Clock {
 pub struct CoreCtx {
     pub group: usize,
     pub info: Arc<TargetInfo>,
-    pub(crate) subsystems: HashMap<SubsystemId, GroupSubsystem>,
+    pub(crate) subsystems: FxHashMap<SubsystemId, GroupSubsystem>,
     by_nqn: HashMap<String, SubsystemId>,
     /// The target's discovery referrals, as the control plane last sent them.
     pub(crate) referrals: Arc<Vec<Referral>>,
-    pub(crate) controllers: HashMap<(SubsystemId, u16), ControllerLocal>,
+    pub(crate) controllers: FxHashMap<(SubsystemId, u16), ControllerLocal>,
     /// The namespaces this reactor has channels to, found by a request's [`NsSlot`].
     ns_table: NamespaceTable,
     /// Namespaces removed while I/O was in flight: polled until drained, then dropped.
@@ -159,6 +166,8 @@ pub struct CoreCtx {
     now_ns: u64,
     /// Turns since `now_ns` was read.
     turns_since_clock: u32,
+    /// Readings of the clock this core made itself ([`Self::read_clock`]).
+    clock_reads: u64,
     /// A queue with no controller this long after the core first saw it is disconnected: a
     /// connection that never sends Connect (or only failed ones) holds no resources for good.
     pub connect_timeout_ms: u64,
@@ -186,10 +195,10 @@ impl CoreCtx {
         Self {
             group,
             info,
-            subsystems: HashMap::new(),
+            subsystems: FxHashMap::default(),
             by_nqn: HashMap::new(),
             referrals: Arc::new(Vec::new()),
-            controllers: HashMap::new(),
+            controllers: FxHashMap::default(),
             ns_table: NamespaceTable::default(),
             draining: Vec::new(),
             bdev_io_outstanding: 0,
@@ -199,6 +208,7 @@ impl CoreCtx {
             now_ms: 0,
             now_ns: 0,
             turns_since_clock: CLOCK_EVERY_TURNS,
+            clock_reads: 0,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             transfer_timeout_ms: TRANSFER_TIMEOUT_MS,
             tick: true,
@@ -264,9 +274,29 @@ impl CoreCtx {
     /// Reads the clock now (after a sleep the last reading is old); turns read it themselves
     /// as [`CLOCK_EVERY_TURNS`] says.
     pub fn read_clock(&mut self) {
-        self.now_ns = self.clock.now_ns();
-        self.now_ms = self.now_ns / 1_000_000;
+        self.clock_reads += 1;
+        self.set_now(self.clock.now_ns());
+    }
+
+    /// Takes a reading of the system clock made by the reactor (a simulation's virtual clock
+    /// ignores it: that one is read every turn, at no cost).
+    pub fn observe_clock(&mut self, now: Instant) {
+        if let Clock::System(start) = &self.clock {
+            let ns = now.saturating_duration_since(*start).as_nanos() as u64;
+            // A reading taken before this core's last one must not move time back.
+            self.set_now(ns.max(self.now_ns));
+        }
+    }
+
+    fn set_now(&mut self, ns: u64) {
+        self.now_ns = ns;
+        self.now_ms = ns / 1_000_000;
         self.turns_since_clock = 0;
+    }
+
+    /// How many times this core read the clock itself.
+    pub fn clock_reads(&self) -> u64 {
+        self.clock_reads
     }
 
     pub(crate) fn subsystem_by_nqn(&self, nqn: &str) -> Option<&GroupSubsystem> {
@@ -283,7 +313,7 @@ impl CoreCtx {
     pub fn update_subsystem(&mut self, config: Arc<SubsystemConfig>) {
         let id = config.id;
         let mut old = self.subsystems.remove(&id);
-        let mut namespaces = HashMap::new();
+        let mut namespaces = FxHashMap::default();
         let mut changed = Vec::new();
         for (&nsid, ns) in &config.namespaces {
             let table = &mut self.ns_table;

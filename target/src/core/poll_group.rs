@@ -186,11 +186,16 @@ impl PollGroup {
     }
 
     /// After a sleep: transports take their completion events so the sources signal again.
+    /// (The reactor reads the clock right after and hands the reading over.)
     pub fn woken(&mut self) {
-        self.core.read_clock();
         for t in &mut self.transports {
             t.woken();
         }
+    }
+
+    /// A reading of the system clock the reactor made: the core's time for its next turns.
+    pub fn observe_clock(&mut self, now: std::time::Instant) {
+        self.core.observe_clock(now);
     }
 
     fn dispatch_wakeups(&mut self) -> usize {
@@ -235,7 +240,7 @@ mod tests {
     use std::sync::atomic::Ordering;
     use std::time::Instant;
 
-    use nvmf_common::reactor::{IdleMode, Sleeper};
+    use nvmf_common::reactor::{IdleMode, Reactor, Sleeper};
 
     use super::*;
     use crate::core::IDLE_SLEEP_MAX_MS;
@@ -303,5 +308,45 @@ mod tests {
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(r.stats.sleeps.load(Ordering::Relaxed), sleeps);
         crate::reactor::stop_reactors(reactors);
+    }
+
+    /// An idle reactor hands its clock readings to the core, which keeps time (timers) from
+    /// them without reading the clock itself: where the clock is a syscall (the lab's TCG
+    /// guests), each reading counts.
+    #[test]
+    fn an_idle_reactor_keeps_the_core_on_time_without_the_core_reading_the_clock() {
+        let info = Arc::new(TargetInfo::default());
+        let (reactors, handles) =
+            crate::reactor::start_reactors(&[0], &info, IdleMode::Pure).unwrap();
+        let ask = |handle: &PollGroupHandle| {
+            let (tx, rx) = crossbeam::channel::bounded(1);
+            handle.send(move |pg| {
+                let _ = tx.send((pg.core.now_ms(), pg.core.clock_reads()));
+            });
+            rx.recv_timeout(Duration::from_secs(20)).unwrap()
+        };
+        let (first_ms, first_reads) = ask(&handles[0]);
+        let turns = |r: &Reactor| {
+            r.stats.busy_turns.load(Ordering::Relaxed) + r.stats.idle_turns.load(Ordering::Relaxed)
+        };
+        let turns_before = turns(&reactors[0]);
+        let start = Instant::now();
+        std::thread::sleep(Duration::from_millis(400));
+        let (last_ms, last_reads) = ask(&handles[0]);
+        let spun = turns(&reactors[0]) - turns_before;
+        let elapsed_ms = start.elapsed().as_millis() as u64;
+        crate::reactor::stop_reactors(reactors);
+        assert!(spun > 4096, "the reactor spun only {spun} turns");
+        assert!(
+            last_ms - first_ms + 50 >= elapsed_ms.min(400),
+            "the core's time moved {} ms in {elapsed_ms} ms",
+            last_ms - first_ms
+        );
+        // The two messages were busy turns (one reading each); the idle turns read nothing.
+        assert!(
+            last_reads - first_reads <= 2,
+            "the core read the clock {} times in {spun} idle turns",
+            last_reads - first_reads
+        );
     }
 }
