@@ -13,9 +13,9 @@
 # (SIM_QUEUES_PER_CTRL, SIM_DEPTH, SIM_QUANTUM_NS, SIM_WARMUP_ROUNDS, SIM_SHARED_BUFFERS; see
 # benches/examples/sim_ops.rs).
 #
-# Method. Each run is `sim_ops OP CONNS REACTORS IOS MODE` (set-up, two warm-up rounds, then
-# `measured_phase`: IOS commands, one outstanding on every connection at once, round after
-# round) under
+# Method. Each run is `sim_ops OP CONNS REACTORS IOS MODE` (set-up, warm-up rounds of 2,048
+# I/Os per reactor, then `measured_phase`: IOS commands, one outstanding on every connection
+# at once, round after round) under
 #     valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*measured_phase*'
 # so only the measured phase is counted. Then benches/callgrind_attrib.py splits it:
 #   - whole: every instruction of the measured phase (target, simulated NIC, host, driver).

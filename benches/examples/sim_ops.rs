@@ -31,8 +31,11 @@
 //! Rounds: one command on every connection (QD1 per connection, all connections outstanding
 //! together; 4 KiB, one block, keyed SGL into the host's registered buffer), then turns until
 //! the fabric and the reactors are idle, then the host reaps every response; repeated until
-//! IOS commands completed (the last round may cover part of the connections). Two warm-up
-//! rounds (`SIM_WARMUP_ROUNDS`) and a Keep Alive on every admin queue come first.
+//! IOS commands completed (the last round may cover part of the connections). Warm-up rounds
+//! come first, enough for 2,048 I/Os per reactor (at least 2; `SIM_WARMUP_ROUNDS`), so every
+//! data buffer has served once (a buffer that carried Connect data is zeroed by its first null
+//! read: a one-time cost, counted in the measured phase at 256 connections before), then a
+//! Keep Alive on every admin queue.
 //!
 //! One turn models one reactor loop iteration taking `SIM_QUANTUM_NS` (default 1,000 ns) of
 //! virtual time: the fabric runs the events due in that quantum (if none is due, it jumps to
@@ -114,6 +117,9 @@ struct Phase {
     virtual_ns: u64,
 }
 
+/// I/Os each reactor serves before the measured phase, by default.
+const WARMUP_IOS_PER_REACTOR: u64 = 2_048;
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -150,7 +156,13 @@ fn main() {
     let group: usize = env_or("SIM_QUEUES_PER_CTRL", 16usize).max(1);
     let depth: u16 = env_or("SIM_DEPTH", 4u16).max(2);
     let quantum = Duration::from_nanos(env_or("SIM_QUANTUM_NS", 1_000u64));
-    let warmup: u64 = env_or("SIM_WARMUP_ROUNDS", 2u64);
+    // Enough rounds that each reactor has used every data buffer of its pools (up to 1,024
+    // of each class): a buffer that carried Connect data is zeroed by the first null read it
+    // serves, once, and the measured phase is the steady state, not that.
+    let warmup: u64 = env_or(
+        "SIM_WARMUP_ROUNDS",
+        WARMUP_IOS_PER_REACTOR.div_ceil(per_reactor as u64).max(2),
+    );
     let seed: u64 = env_or("SIM_SEED", 1u64);
 
     let total = per_reactor * reactors;

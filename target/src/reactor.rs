@@ -58,6 +58,7 @@ pub fn start_reactors(
             core,
             mode = idle.mode.as_str(),
             max_spin_us = idle.max_spin.as_micros() as u64,
+            min_spin_turns = idle.min_spin_turns,
             "reactor started"
         );
         reactors.push(reactor);

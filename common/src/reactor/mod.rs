@@ -109,7 +109,7 @@ pub fn check_cores(cores: &[usize]) -> Result<(), CoreMaskError> {
 /// Busy/idle accounting of one reactor, readable from any thread.
 ///
 /// Time is split at the moments the reactor reads the clock anyway (an idle streak reaching
-/// [`IDLE_TURNS_BEFORE_CLOCK`] turns, work arriving after such a streak) plus once per 1024
+/// [`IdlePolicy::min_spin_turns`] turns, work arriving after such a streak) plus once per 1024
 /// turns: a short gap between completions counts as busy time, and the busy path reads no
 /// clock per turn.
 #[derive(Debug, Default)]
@@ -138,9 +138,13 @@ fn current_tid() -> u64 {
         .unwrap_or(0)
 }
 
-/// Idle turns spun before the reactor starts looking at the clock: a short gap between two
-/// completions costs nothing but these turns.
-const IDLE_TURNS_BEFORE_CLOCK: u32 = 64;
+/// Idle turns spun before the reactor starts looking at the clock, by default
+/// ([`IdlePolicy::min_spin_turns`]): a short gap between two completions costs nothing but
+/// these turns.
+pub const DEFAULT_MIN_SPIN_TURNS: u32 = 64;
+/// An idle streak this long (or one that ends in a sleep attempt) ends a burst of work, for
+/// counting the commands bursts carry ([`SpinWindow::burst_ended`]).
+const BURST_GAP_TURNS: u32 = 64;
 /// Past those, an idle reactor reads the clock once per this many idle turns, to decide when
 /// to sleep, yield or nap. Where the system clock is not served from user space (the lab's
 /// TCG guests run on HPET, and every `clock_gettime` there is a syscall and an emulated device
@@ -236,6 +240,11 @@ impl SpinWindow {
 pub struct IdlePolicy {
     pub mode: IdleMode,
     pub max_spin: Duration,
+    /// Idle turns spun before the reactor first reads the clock (and so before it may sleep,
+    /// yield or nap): a short gap between completions costs only these turns. A turn takes
+    /// ~0.1 µs on hardware and some µs under emulation, where fewer turns reach the same
+    /// spin time.
+    pub min_spin_turns: u32,
 }
 
 impl From<IdleMode> for IdlePolicy {
@@ -243,6 +252,7 @@ impl From<IdleMode> for IdlePolicy {
         Self {
             mode,
             max_spin: DEFAULT_MAX_SPIN,
+            min_spin_turns: DEFAULT_MIN_SPIN_TURNS,
         }
     }
 }
@@ -348,6 +358,9 @@ fn run<S: Pollable>(
     // reading: the clock is read every `clock_every` idle turns, not every turn.
     let mut waited = Duration::ZERO;
     let mut until_clock: u32 = 0;
+    let first_look = policy.min_spin_turns.max(1);
+    // Whether the current idle streak was counted as the end of a burst.
+    let mut burst_noted = false;
     while !stop.load(Ordering::Relaxed) {
         let mut published = false;
         if state.poll() > 0 {
@@ -357,19 +370,25 @@ fn run<S: Pollable>(
             }
             idle = 0;
             until_clock = 0;
+            burst_noted = false;
         } else {
             idle = idle.saturating_add(1);
             clock.idle_turns += 1;
-            if idle >= IDLE_TURNS_BEFORE_CLOCK {
-                if idle == IDLE_TURNS_BEFORE_CLOCK && mode == IdleMode::Adaptive {
-                    spin.burst_ended(state.commands_done());
-                }
+            if mode == IdleMode::Adaptive && !burst_noted && idle >= BURST_GAP_TURNS {
+                spin.burst_ended(state.commands_done());
+                burst_noted = true;
+            }
+            if idle >= first_look {
                 if until_clock == 0 {
                     waited = clock.idle_for();
                     until_clock = clock_every;
                 }
                 until_clock -= 1;
                 let slept = if mode == IdleMode::Adaptive && waited >= spin.window() {
+                    if !burst_noted {
+                        spin.burst_ended(state.commands_done());
+                        burst_noted = true;
+                    }
                     sleeper.try_sleep(state, stats)
                 } else {
                     None
@@ -380,6 +399,7 @@ fn run<S: Pollable>(
                         spin.learn(clock.busy_turn());
                         idle = 0;
                         until_clock = 0;
+                        burst_noted = false;
                     }
                     // A sleep is long next to a turn: publish now, not 1024 sleeps later.
                     Some(_) => {

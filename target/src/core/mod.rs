@@ -116,15 +116,16 @@ pub(crate) struct GroupSubsystem {
 }
 
 /// The system clock is read after every turn that found work and after every sleep; on idle
-/// turns a reactor hands over the readings it makes anyway ([`CoreCtx::observe_clock`], every
-/// 8 idle turns past its first 64), and the core reads the clock itself only after this many
-/// turns without a reading (a poll group polled outside a reactor). Where the clock is not
-/// served from user space (the lab's TCG guests run on HPET, where each read is a syscall and
-/// an emulated device access) the core reading every 8 idle turns beside the reactor's own
-/// readings made a spinning reactor a syscall loop: at queue depth 32, some 19 readings per
-/// lull between bursts. Timestamps of work are as fresh as before; an idle turn's may be a
-/// few turns old (timers are in ms).
-const CLOCK_EVERY_TURNS: u32 = 256;
+/// turns, once per this many turns. Where the clock is not served from user space (the lab's
+/// TCG guests run on HPET, where each read is a syscall and an emulated device access) a read
+/// per turn made a spinning reactor a syscall loop. Timestamps of work are as fresh as before;
+/// an idle turn's may be this many turns old (timers are in ms).
+const CLOCK_EVERY_TURNS: u32 = 8;
+/// A core whose reactor hands it the readings it makes anyway ([`CoreCtx::observe_clock`]:
+/// every 8 idle turns past its first 64) reads the clock itself only after this many turns
+/// without one. The core reading every 8 idle turns beside the reactor's own readings made
+/// some 19 readings per lull between bursts at queue depth 32.
+const CLOCK_EVERY_TURNS_FED: u32 = 256;
 
 /// Where a core's time comes from: the system's monotonic clock, or a simulation's.
 enum Clock {
@@ -168,6 +169,8 @@ pub struct CoreCtx {
     turns_since_clock: u32,
     /// Readings of the clock this core made itself ([`Self::read_clock`]).
     clock_reads: u64,
+    /// Idle turns between the core's own readings: fewer once a reactor hands it readings.
+    clock_every: u32,
     /// A queue with no controller this long after the core first saw it is disconnected: a
     /// connection that never sends Connect (or only failed ones) holds no resources for good.
     pub connect_timeout_ms: u64,
@@ -209,6 +212,7 @@ impl CoreCtx {
             now_ns: 0,
             turns_since_clock: CLOCK_EVERY_TURNS,
             clock_reads: 0,
+            clock_every: CLOCK_EVERY_TURNS,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             transfer_timeout_ms: TRANSFER_TIMEOUT_MS,
             tick: true,
@@ -285,6 +289,7 @@ impl CoreCtx {
             let ns = now.saturating_duration_since(*start).as_nanos() as u64;
             // A reading taken before this core's last one must not move time back.
             self.set_now(ns.max(self.now_ns));
+            self.clock_every = CLOCK_EVERY_TURNS_FED;
         }
     }
 
@@ -653,7 +658,7 @@ impl CoreCtx {
     pub fn poll(&mut self, busy: bool) -> usize {
         self.turns_since_clock += 1;
         if busy
-            || self.turns_since_clock >= CLOCK_EVERY_TURNS
+            || self.turns_since_clock >= self.clock_every
             || matches!(self.clock, Clock::Virtual(_))
         {
             self.read_clock();

@@ -68,6 +68,9 @@ pub struct DeviceResources<V: Verbs> {
     in_capsule: u32,
     /// Receive slots consumed and ready to be posted again, posted in batches.
     repost: Vec<u32>,
+    /// How many consumed slots make a batch worth a doorbell: a sixteenth of the SRQ, at
+    /// most one chain.
+    repost_batch: u32,
     srq_depth: u32,
     /// Receive slots on the SRQ now.
     recv_posted: u32,
@@ -166,6 +169,7 @@ impl<V: Verbs> DeviceResources<V> {
             lent: (0..srq_depth).map(|_| None).collect(),
             in_capsule,
             repost: (0..srq_depth).collect(),
+            repost_batch: (srq_depth / 16).clamp(1, MAX_CHAIN as u32),
             srq_depth,
             recv_posted: 0,
             cq_capacity,
@@ -180,7 +184,7 @@ impl<V: Verbs> DeviceResources<V> {
             ],
             stats: DeviceStats::default(),
         };
-        dev.flush_reposts()?;
+        dev.flush_all_reposts()?;
         tracing::info!(device = %dev.ctx.device_name(), srq_depth, data_buffers = count,
             buffer_size = buf_size, huge_pages = dev.pools.large.uses_huge_pages(),
             send_with_invalidate, "RDMA device ready");
@@ -259,16 +263,35 @@ impl<V: Verbs> DeviceResources<V> {
         self.repost.push(slot);
     }
 
-    /// Posts consumed receive slots back to the SRQ, a chain at a time, each with a capsule
-    /// buffer (the one it had, or a fresh one). Slots for which the capsule pool has no
-    /// buffer left wait for a later turn.
+    /// Posts consumed receive slots back to the SRQ once a batch of them is waiting (or the
+    /// SRQ is half empty), a chain at a time, each with a capsule buffer (the one it had, or a
+    /// fresh one). Slots for which the capsule pool has no buffer left wait for a later turn.
+    ///
+    /// Why wait for a batch: a reactor serving a few connections otherwise rang the receive
+    /// doorbell for every command (one post per turn, each with one receive), while the SRQ,
+    /// thousands deep, misses a handful of slots for nobody. The few slots held back are
+    /// posted when the reactor goes idle or at its next tick ([`Self::flush_all_reposts`]).
     #[inline]
     pub fn flush_reposts(&mut self) -> Result<(), String> {
         // Checked here, inlined: most turns have nothing to repost (see `flush_sends`).
+        let waiting = self.repost.len() as u32;
+        if waiting < self.repost_batch && (waiting == 0 || self.recv_posted >= self.srq_depth / 2) {
+            return Ok(());
+        }
+        self.post_reposts()
+    }
+
+    /// Posts every consumed receive slot, batch or not (idle, or a timer tick).
+    pub fn flush_all_reposts(&mut self) -> Result<(), String> {
         if self.repost.is_empty() {
             return Ok(());
         }
         self.post_reposts()
+    }
+
+    /// Receive slots waiting to be posted again.
+    pub fn reposts_waiting(&self) -> usize {
+        self.repost.len()
     }
 
     #[inline(never)]

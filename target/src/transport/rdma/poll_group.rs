@@ -678,6 +678,8 @@ pub struct PollGroupResources {
     pub buffers_out: usize,
     /// SRQ receive slots held by requests, over all devices.
     pub recv_slots_held: u32,
+    /// Consumed receive slots waiting to be posted again with a batch, over all devices.
+    pub recv_slots_waiting: usize,
     /// Entries in the three wait queues (stale ones included until they are dropped).
     pub waiting: usize,
     /// Requests parked on their qpair, which holds its whole share of their buffer class.
@@ -705,6 +707,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 })
                 .sum(),
             recv_slots_held: self.devices.iter().map(|d| d.recv_slots_held()).sum(),
+            recv_slots_waiting: self.devices.iter().map(|d| d.reposts_waiting()).sum(),
             parked: live_parked,
             waiting: self.need_buffer[0].len()
                 + self.need_buffer[1].len()
@@ -735,11 +738,17 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
             work += self.serve_sends(core);
         }
         self.flush_sends();
-        if core.is_tick() {
+        let tick = core.is_tick();
+        if tick {
             self.reap(core);
         }
         for dev in &mut self.devices {
-            if let Err(e) = dev.flush_reposts() {
+            let posted = if tick {
+                dev.flush_all_reposts()
+            } else {
+                dev.flush_reposts()
+            };
+            if let Err(e) = posted {
                 tracing::error!("reposting receive buffers failed: {e}");
             }
         }
@@ -783,6 +792,10 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
                     return None;
                 }
                 dev.wake_registered = true;
+            }
+            // Idle: the SRQ gets back every slot held for a batch.
+            if let Err(e) = dev.flush_all_reposts() {
+                tracing::error!("reposting receive buffers failed: {e}");
             }
             if let Err(e) = dev.cq.arm() {
                 tracing::warn!("cannot arm a completion queue, polling instead: {e}");
