@@ -140,7 +140,8 @@ for path in glob.glob(os.path.join(runs, "*.json")):
 
 med = statistics.median
 print(f"ib_write_bw 4 KiB on the same link: {wire} msg/s; fio {runtime} s per run, median of "
-      f"{repeats} repeats (the kernel's runs: of every mode phase)")
+      f"{repeats} repeats (the kernel's runs: of every mode phase); mean latency is fio's "
+      f"total (submission + completion), p99 the completion latency's")
 print()
 print("| job | target | IOPS | vs kernel | mean lat us | p99 us | VM CPU % | CPU per I/O vs kernel | requests per send doorbell | IOPS / wire msg rate |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
