@@ -558,6 +558,12 @@ fn max_qpairs_holds_at_the_rdma_connect_and_idle_connections_expire() {
     lab.assert_drained();
 }
 
+/// Reactor 0's first RDMA device counter `key`, as `nvmf_get_stats` shows it.
+fn device_stat(lab: &mut SimLab, key: &str) -> u64 {
+    let stats = lab.pgs[0].transport_stats();
+    stats[0]["devices"][0][key].as_u64().expect(key)
+}
+
 /// Issue 14: a host sending one command at a time does not cost a receive doorbell per
 /// command: consumed SRQ slots go back in batches, and the few held for a batch go back when
 /// the reactor's timer ticks (or it goes idle), so the SRQ is whole again.
@@ -567,13 +573,9 @@ fn receives_go_back_to_the_srq_in_batches_and_all_of_them_by_the_next_tick() {
     let host = lab.fabric.add_host(host_ip(1));
     let (mut admin, cntlid) = admin_queue(&mut lab, &host);
     let mut io = io_queue(&mut lab, &host, cntlid, 32, 4096);
-    let stat = |lab: &mut SimLab, key: &str| -> u64 {
-        let stats = lab.pgs[0].transport_stats();
-        stats[0]["devices"][0][key].as_u64().expect(key)
-    };
     let (doorbells0, wrs0) = (
-        stat(&mut lab, "recv_doorbell_updates"),
-        stat(&mut lab, "total_recv_wrs"),
+        device_stat(&mut lab, "recv_doorbell_updates"),
+        device_stat(&mut lab, "total_recv_wrs"),
     );
     let commands = 64u16;
     let mut most_waiting = 0;
@@ -586,8 +588,8 @@ fn receives_go_back_to_the_srq_in_batches_and_all_of_them_by_the_next_tick() {
             got == 1
         });
     }
-    let doorbells = stat(&mut lab, "recv_doorbell_updates") - doorbells0;
-    let wrs = stat(&mut lab, "total_recv_wrs") - wrs0;
+    let doorbells = device_stat(&mut lab, "recv_doorbell_updates") - doorbells0;
+    let wrs = device_stat(&mut lab, "total_recv_wrs") - wrs0;
     assert!(
         doorbells <= u64::from(commands) / 8,
         "{commands} commands one at a time took {doorbells} receive doorbells"
@@ -614,13 +616,9 @@ fn responses_of_a_turn_share_a_doorbell_and_the_counters_say_so() {
     let host = lab.fabric.add_host(host_ip(1));
     let (mut admin, cntlid) = admin_queue(&mut lab, &host);
     let mut io = io_queue(&mut lab, &host, cntlid, 32, 32 * 4096);
-    let stat = |lab: &mut SimLab, key: &str| -> u64 {
-        let stats = lab.pgs[0].transport_stats();
-        stats[0]["devices"][0][key].as_u64().expect(key)
-    };
     let (doorbells0, requests0) = (
-        stat(&mut lab, "send_doorbell_updates"),
-        stat(&mut lab, "requests"),
+        device_stat(&mut lab, "send_doorbell_updates"),
+        device_stat(&mut lab, "requests"),
     );
     let rounds = 8u16;
     for round in 0..rounds {
@@ -637,8 +635,8 @@ fn responses_of_a_turn_share_a_doorbell_and_the_counters_say_so() {
             got == 16
         });
     }
-    let doorbells = stat(&mut lab, "send_doorbell_updates") - doorbells0;
-    let requests = stat(&mut lab, "requests") - requests0;
+    let doorbells = device_stat(&mut lab, "send_doorbell_updates") - doorbells0;
+    let requests = device_stat(&mut lab, "requests") - requests0;
     assert_eq!(requests, u64::from(rounds) * 16);
     let per_doorbell = requests as f64 / doorbells as f64;
     assert!(
@@ -646,12 +644,12 @@ fn responses_of_a_turn_share_a_doorbell_and_the_counters_say_so() {
         "{requests} responses took {doorbells} send doorbells"
     );
     assert!(
-        stat(&mut lab, "total_send_wrs") >= 2 * requests,
+        device_stat(&mut lab, "total_send_wrs") >= 2 * requests,
         "RDMA WRITE + SEND each"
     );
-    assert!(stat(&mut lab, "polls") >= stat(&mut lab, "idle_polls"));
-    assert!(stat(&mut lab, "request_latency") > 0);
-    assert!(stat(&mut lab, "recv_doorbell_updates") > 0);
+    assert!(device_stat(&mut lab, "polls") >= device_stat(&mut lab, "idle_polls"));
+    assert!(device_stat(&mut lab, "request_latency") > 0);
+    assert!(device_stat(&mut lab, "recv_doorbell_updates") > 0);
     io.disconnect();
     admin.disconnect();
     lab.assert_drained();
