@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use nvmf_common::rdma::sim::{SimAsyncEvent, SimAsyncEventKind};
+use nvmf_common::rdma::sim::{SimAsyncEvent, SimAsyncEventKind, DEFAULT_MAX_INLINE_DATA};
 use nvmf_common::reactor::Sleeper;
 use nvmf_common::spec::command::Command;
 use nvmf_common::spec::rdma_cm::RdmaCmRejectStatus;
@@ -653,6 +653,43 @@ fn responses_of_a_turn_share_a_doorbell_and_the_counters_say_so() {
     io.disconnect();
     admin.disconnect();
     lab.assert_drained();
+}
+
+/// Issue 14: a response (a 16-byte CQE) goes inline in its SEND where the device takes inline
+/// data, so the device never reads it from memory, and from the qpair's registered response
+/// buffer where the device refuses inline data (the QP is made again without it). The host
+/// gets the same completions, successes and errors, either way.
+#[test]
+fn responses_go_inline_where_the_device_allows_it_and_from_memory_where_not() {
+    for device_inline in [DEFAULT_MAX_INLINE_DATA, 0] {
+        let mut lab = SimLab::new(13);
+        lab.verbs.set_max_inline_data(device_inline);
+        let host = lab.fabric.add_host(host_ip(1));
+        let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+        let mut io = io_queue(&mut lab, &host, cntlid, 32, 64 * 1024);
+        let inline0 = lab.verbs.inline_send_wrs();
+
+        let data = pattern(5, 8 * BLOCK);
+        io.data.write_at(0, &data);
+        let c = io.run(&mut lab, write_cmd(1, 16, 8), keyed(0, 4096));
+        assert!(c.status().is_success(), "{c:?}");
+        let c = io.run(&mut lab, read_cmd(2, 16, 8), keyed(8192, 4096));
+        assert!(c.status().is_success(), "{c:?}");
+        assert_eq!(data_bytes(&io, 8192, 4096), data);
+        let c = io.run(&mut lab, read_cmd(3, u64::MAX - 1, 1), keyed(0, 512));
+        assert_eq!(c.status(), Status::LBA_OUT_OF_RANGE.with_dnr(), "{c:?}");
+        assert_eq!(c.cid.get(), 3);
+
+        let inline = lab.verbs.inline_send_wrs() - inline0;
+        let expected = if device_inline == 0 { 0 } else { 3 };
+        assert_eq!(
+            inline, expected,
+            "inline SENDs of the target, device limit {device_inline}"
+        );
+        io.disconnect();
+        admin.disconnect();
+        lab.assert_drained();
+    }
 }
 
 /// A post of a chain of several batched responses fails in the middle: the responses before

@@ -12,7 +12,7 @@
 # Usage: tests/lab/run cpu-breakdown [RUNTIME_SECONDS [FIO_ARGS...]]
 #        (default 8 s of 4 KiB random reads at queue depth 32)
 # NVMF_CPU_MODES: our idle modes to measure, each a --poll-mode value or LABEL=ARG,ARG,...
-#   (default "adaptive").
+#   (default "adaptive"); one reactor on vCPU 0 unless ARGs hold -m (e.g. cpu1=--poll-mode,adaptive,-m,0x2).
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
 lab_init cpu-breakdown
@@ -60,7 +60,10 @@ measure kernel "$kdev"
 onqn=nqn.2016-06.io.spdk:null
 for spec in "${modes[@]}"; do
     mode=${spec%%=*}
-    nvmf_null_target "$spec" "$onqn" "$LAB_ADDR0" 4421 -m 0x1
+    # One reactor on vCPU 0 unless the mode's own arguments place it (",-m,0x2").
+    mask=(-m 0x1)
+    [[ ,$spec, == *,-m,* ]] && mask=()
+    nvmf_null_target "$spec" "$onqn" "$LAB_ADDR0" 4421 "${mask[@]}"
     odev=$(lab_nvme_connect "$onqn" "$LAB_ADDR0" 4421)
     measure "$mode" "$odev" "$NVMF_TGT_PID"
     lab_nvme_disconnect "$onqn"

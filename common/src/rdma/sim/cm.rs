@@ -329,6 +329,9 @@ impl FabricState {
             return Err(RdmaError::CreateQp(os(libc::EINVAL)));
         }
         let attr = &self.hosts[pd_host].attr;
+        if caps.max_inline_data > self.hosts[pd_host].max_inline_data {
+            return Err(RdmaError::CreateQp(os(libc::EINVAL)));
+        }
         let caps = QpCaps {
             max_send_wr: caps.max_send_wr.min(attr.max_qp_wr),
             max_recv_wr: caps.max_recv_wr.min(attr.max_qp_wr),

@@ -36,6 +36,11 @@ pub(crate) struct Host {
     pub ip: IpAddr,
     pub name: String,
     pub attr: DeviceAttr,
+    /// The most inline data a QP of this device may ask for (`ibv_device_attr` does not
+    /// say; a provider refuses a larger `max_inline_data` at QP creation).
+    pub max_inline_data: u32,
+    /// Send work requests its QPs posted with inline data.
+    pub inline_send_wrs: u64,
     pub crashed: bool,
     pub async_events: VecDeque<SimAsyncEvent>,
     pub rx: HostRx,

@@ -192,6 +192,11 @@ pub struct SimAsyncEvent {
     pub cq_id: Option<u64>,
 }
 
+/// The inline data a simulated device takes per send work request unless
+/// [`SimVerbs::set_max_inline_data`] says otherwise: no limit (the raw hosts of the tests send
+/// whole in-capsule writes inline).
+pub const DEFAULT_MAX_INLINE_DATA: u32 = u32::MAX;
+
 /// Device attributes of a simulated host: rxe-like limits, no capability flags.
 pub fn default_device_attr() -> DeviceAttr {
     DeviceAttr {
@@ -287,6 +292,8 @@ impl SimFabric {
             ip,
             name: name.to_string(),
             attr,
+            max_inline_data: DEFAULT_MAX_INLINE_DATA,
+            inline_send_wrs: 0,
             crashed: false,
             async_events: Default::default(),
             rx: HostRx::default(),
@@ -582,5 +589,17 @@ impl SimVerbs {
     /// listener on the wildcard address, which has none.
     pub fn context(&self) -> Arc<SimContext> {
         SimContext::new(self.fabric.clone(), self.host)
+    }
+
+    /// The most inline data this host's device lets a QP ask for (default
+    /// [`DEFAULT_MAX_INLINE_DATA`]): a QP asking for more is refused with `EINVAL`, as
+    /// providers do; 0 is a device without inline sends.
+    pub fn set_max_inline_data(&self, bytes: u32) {
+        self.fabric.lock().hosts[self.host].max_inline_data = bytes;
+    }
+
+    /// Send work requests this host's QPs posted with inline data, so far.
+    pub fn inline_send_wrs(&self) -> u64 {
+        self.fabric.lock().hosts[self.host].inline_send_wrs
     }
 }

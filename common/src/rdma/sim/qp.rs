@@ -128,7 +128,10 @@ impl FabricState {
             };
             let data = match wr.payload {
                 Payload::Sges(s) => WqeData::Sges(s.to_vec()),
-                Payload::Inline(d) => WqeData::Inline(d.to_vec()),
+                Payload::Inline(d) => {
+                    self.hosts[q.host].inline_send_wrs += 1;
+                    WqeData::Inline(d.to_vec())
+                }
             };
             let psn = q.next_psn;
             q.next_psn += 1;

@@ -191,7 +191,11 @@ impl<V: Verbs> RdmaPollGroup<V> {
             max_recv_wr: 0,
             max_send_sge: 1,
             max_recv_sge: 0,
-            max_inline_data: 0,
+            // Responses go inline (a CQE is 16 bytes): the device copies them at the post and
+            // never reads them from memory, one DMA read (on soft-RoCE, one region lookup and
+            // page mapping) less per response. A device without inline sends refuses the QP;
+            // then the responses go from the qpair's registered response buffer.
+            max_inline_data: CQE_LEN as u32,
         };
         // Every send WR may complete (flushes complete unsignaled ones too): reserve room for
         // all of them on the shared CQ, or refuse the connection rather than risk an overrun.
@@ -207,6 +211,14 @@ impl<V: Verbs> RdmaPollGroup<V> {
         let built = conn
             .id
             .create_qp(&dev.pd, &dev.cq, &dev.cq, Some(&dev.srq), caps)
+            .or_else(|_| {
+                let caps = QpCaps {
+                    max_inline_data: 0,
+                    ..caps
+                };
+                conn.id
+                    .create_qp(&dev.pd, &dev.cq, &dev.cq, Some(&dev.srq), caps)
+            })
             .and_then(|qp| {
                 DmaBuf::<V>::new(&dev.pd, slots as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
                     .map(|responses| (qp, responses))
@@ -245,6 +257,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
         let sq_capacity = qp.caps().max_send_wr.min(caps.max_send_wr);
         let cq_share = caps.max_send_wr;
         let send_with_invalidate = dev.send_with_invalidate;
+        let inline_responses = qp.caps().max_inline_data as usize >= CQE_LEN;
         let token = conn.id.token();
         self.by_qp_num.insert(qp.qp_num(), qi);
         self.by_token.insert(token, qi);
@@ -269,6 +282,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             closing: None,
             drained: false,
             send_with_invalidate,
+            inline_responses,
             broken: false,
             watched: true,
         });

@@ -3,7 +3,9 @@
 
 use std::collections::VecDeque;
 
-use nvmf_common::rdma::{CmIdToken, DmaBuf, RdmaError, SendWr, Sge, Verbs, VerbsQp, MAX_CHAIN};
+use nvmf_common::rdma::{
+    CmIdToken, DmaBuf, Payload, RdmaError, SendOp, SendWr, Sge, Verbs, VerbsQp, MAX_CHAIN,
+};
 use smallvec::SmallVec;
 use zerocopy::IntoBytes;
 
@@ -45,6 +47,9 @@ pub(super) struct Qpair<V: Verbs> {
     pub closing: Option<u64>,
     pub drained: bool,
     pub send_with_invalidate: bool,
+    /// The QP takes a response as inline data: SENDs carry it in the work request, and
+    /// `responses` is not read.
+    pub inline_responses: bool,
     /// A post on this QP failed. `try_send` has no core context to close the qpair with, so
     /// the poll group's next reap does.
     pub broken: bool,
@@ -297,13 +302,15 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
         let mut rsp_sges: SmallVec<[[Sge; 1]; MAX_CHAIN]> = SmallVec::new();
         let mut data_sges: SmallVec<[[Sge; 1]; MAX_CHAIN]> = SmallVec::new();
         for &si in &slots[..n_req] {
-            let offset = si as usize * CQE_LEN;
             let r = &qp.requests[si as usize];
-            qp.responses.write_at(offset, r.req.rsp.as_bytes());
-            rsp_sges.push([qp
-                .responses
-                .sge(offset, CQE_LEN)
-                .expect("slot inside the region")]);
+            if !qp.inline_responses {
+                let offset = si as usize * CQE_LEN;
+                qp.responses.write_at(offset, r.req.rsp.as_bytes());
+                rsp_sges.push([qp
+                    .responses
+                    .sge(offset, CQE_LEN)
+                    .expect("slot inside the region")]);
+            }
             data_sges.push([r.data_source_sge().unwrap_or_default()]);
         }
         let (gen, send_with_invalidate) = (qp.gen, qp.send_with_invalidate);
@@ -318,17 +325,26 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
                 );
             }
             let id = wr_id(WrKind::Send, gen, qi, si);
-            chain.push(match host {
+            // Inline: the post copies the CQE out of the request.
+            let payload = if qp.inline_responses {
+                Payload::Inline(qp.requests[si as usize].req.rsp.as_bytes())
+            } else {
+                Payload::Sges(&rsp_sges[j])
+            };
+            let op = match host {
                 HostData::Keyed {
                     key,
                     invalidate: true,
                     ..
-                } if send_with_invalidate => SendWr::send_with_invalidate(id, &rsp_sges[j], key),
-                _ => SendWr::send(id, &rsp_sges[j]),
-            });
+                } if send_with_invalidate => SendOp::SendWithInvalidate { rkey: key },
+                _ => SendOp::Send,
+            };
+            chain.push(SendWr::new(id, op, payload));
         }
         debug_assert_eq!(chain.len(), n_wr as usize);
         let result = qp.qp.post_send(&chain);
+        // The chain borrows the requests (inline responses); they change below.
+        drop(chain);
         doorbells += 1;
         match result {
             Ok(()) => {
