@@ -616,9 +616,12 @@ fn responses_of_a_turn_share_a_doorbell_and_the_counters_say_so() {
     let host = lab.fabric.add_host(host_ip(1));
     let (mut admin, cntlid) = admin_queue(&mut lab, &host);
     let mut io = io_queue(&mut lab, &host, cntlid, 32, 32 * 4096);
-    let (doorbells0, requests0) = (
+    // Settled: the Connect's SEND completion is in.
+    lab.run_for(Duration::from_millis(1), Duration::from_micros(100));
+    let (doorbells0, requests0, completions0) = (
         device_stat(&mut lab, "send_doorbell_updates"),
         device_stat(&mut lab, "requests"),
+        device_stat(&mut lab, "completions"),
     );
     let rounds = 8u16;
     for round in 0..rounds {
@@ -642,6 +645,17 @@ fn responses_of_a_turn_share_a_doorbell_and_the_counters_say_so() {
     assert!(
         per_doorbell >= 2.0,
         "{requests} responses took {doorbells} send doorbells"
+    );
+    // Only a chain's last SEND is signaled: the target's completions are one receive per
+    // command and one SEND per chain (a chain per doorbell), not one per response. Every
+    // request came back all the same (above) and its slot is free (`assert_drained`).
+    // (The host saw the last response before the target reaped that chain's completion.)
+    lab.run_for(Duration::from_millis(1), Duration::from_micros(100));
+    let completions = device_stat(&mut lab, "completions") - completions0;
+    assert_eq!(
+        completions,
+        requests + doorbells,
+        "{requests} commands in {doorbells} chains"
     );
     assert!(
         device_stat(&mut lab, "total_send_wrs") >= 2 * requests,

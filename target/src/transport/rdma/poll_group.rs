@@ -275,6 +275,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             cq_share,
             acct: SlotAccounts::new(slots),
             batch: Vec::with_capacity(slots as usize),
+            unsignaled: VecDeque::with_capacity(slots as usize),
             sq_used: 0,
             reads_in_flight: 0,
             max_reads,
@@ -414,10 +415,23 @@ impl<V: Verbs> RdmaPollGroup<V> {
                     qp.drained = true;
                 } else if let Some(r) = qp.requests.get_mut(slot as usize) {
                     if r.state == State::Sending {
-                        let latency = self.now_ns.saturating_sub(r.received_ns);
+                        // This SEND ends its chain: the unsignaled ones before it are done.
+                        let covers = std::mem::take(&mut r.covers);
+                        let now = self.now_ns;
+                        let (mut wrs, mut latency) = sent(r, &mut qp.acct, now);
+                        for _ in 0..covers {
+                            let Some(s) = qp.unsignaled.pop_front() else {
+                                break;
+                            };
+                            let r = &mut qp.requests[s as usize];
+                            if r.state == State::Sending {
+                                let (w, l) = sent(r, &mut qp.acct, now);
+                                wrs += w;
+                                latency += l;
+                            }
+                        }
+                        qp.sq_used = qp.sq_used.saturating_sub(wrs);
                         self.devices[d].stats.request_latency += latency;
-                        qp.sq_used = qp.sq_used.saturating_sub(wrs_of(r));
-                        release(&mut qp.acct, r);
                         let share = &self.devices[d].share;
                         qp.acct.unpark(share, qi, qp.gen, &mut self.need_buffer);
                     }
@@ -672,6 +686,15 @@ impl<V: Verbs> RdmaPollGroup<V> {
             Err(e) => tracing::error!("rebuilding RDMA device resources failed: {e}"),
         }
     }
+}
+
+/// A `Sending` request whose SEND is known complete: released. Returns the send queue slots
+/// its work requests held and its latency (capsule to now, ns).
+fn sent(r: &mut RdmaRequest, acct: &mut SlotAccounts, now_ns: u64) -> (u32, u64) {
+    let wrs = wrs_of(r);
+    let latency = now_ns.saturating_sub(r.received_ns);
+    release(acct, r);
+    (wrs, latency)
 }
 
 /// Puts a qpair on the watch list unless it is on it already (one flag test per post).

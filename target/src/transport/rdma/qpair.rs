@@ -38,6 +38,10 @@ pub(super) struct Qpair<V: Verbs> {
     /// doorbell per qpair and turn, not one per response). Capacity for every slot, so
     /// pushing never allocates.
     pub batch: Vec<u32>,
+    /// Requests whose SENDs went unsignaled (all but the last of a chain), in posting order:
+    /// a chain's last request frees the `covers` oldest of them when its SEND completes.
+    /// Capacity for every slot, so pushing never allocates.
+    pub unsignaled: VecDeque<u32>,
     pub sq_used: u32,
     pub reads_in_flight: u32,
     pub max_reads: u32,
@@ -324,7 +328,11 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
                         .signaled(false),
                 );
             }
-            let id = wr_id(WrKind::Send, gen, qi, si);
+            // Only the chain's last SEND is signaled. The others carry the unsignaled kind:
+            // they complete only with an error (or flushed), which closes the qpair.
+            let last = j + 1 == n_req;
+            let kind = if last { WrKind::Send } else { WrKind::Write };
+            let id = wr_id(kind, gen, qi, si);
             // Inline: the post copies the CQE out of the request.
             let payload = if qp.inline_responses {
                 Payload::Inline(qp.requests[si as usize].req.rsp.as_bytes())
@@ -339,7 +347,7 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
                 } if send_with_invalidate => SendOp::SendWithInvalidate { rkey: key },
                 _ => SendOp::Send,
             };
-            chain.push(SendWr::new(id, op, payload));
+            chain.push(SendWr::new(id, op, payload).signaled(last));
         }
         debug_assert_eq!(chain.len(), n_wr as usize);
         let result = qp.qp.post_send(&chain);
@@ -349,12 +357,18 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
         match result {
             Ok(()) => {
                 posted += n_wr;
-                for &si in &slots[..n_req] {
+                let (covered, last) = slots[..n_req].split_at(n_req - 1);
+                for &si in covered {
                     let r = &mut qp.requests[si as usize];
                     r.state = State::Sending;
                     r.posted_ms = now_ms;
-                    qp.signaled += 1;
+                    qp.unsignaled.push_back(si);
                 }
+                let r = &mut qp.requests[last[0] as usize];
+                r.state = State::Sending;
+                r.posted_ms = now_ms;
+                r.covers = covered.len() as u8;
+                qp.signaled += 1;
             }
             Err(e) => {
                 tracing::warn!(peer = %qp.state.peer, "posting responses failed: {e}; closing qpair");
@@ -362,9 +376,14 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
                 for j in 0..n_req {
                     let r = &mut qp.requests[slots[j] as usize];
                     match fate_after_failed_post(&counts[..n_req], j, &e) {
+                        // The chain's signaled SEND did not go: no completion will come for
+                        // the unsignaled ones that did, so they keep what the NIC may read
+                        // until the QP is destroyed.
+                        Fate::Posted if j + 1 < n_req => r.state = State::Abandoned,
                         Fate::Posted => {
                             r.state = State::Sending;
                             r.posted_ms = now_ms;
+                            r.covers = 0;
                             qp.signaled += 1;
                         }
                         Fate::Hold => r.state = State::Abandoned,

@@ -8,7 +8,10 @@
 //! READ slot (the initiator depth the host granted) and send queue room, `NeedSend` for send
 //! queue room. A response with data to the host goes out as RDMA WRITE + SEND; the WRITE is
 //! unsignaled, its slot is reclaimed with the SEND's completion. `Batched` responses of a
-//! qpair go out in one chain per turn (SPDK's per-qpair send batching), one doorbell for many.
+//! qpair go out in one chain per turn (SPDK's per-qpair send batching), one doorbell for many,
+//! and only the chain's last SEND is signaled: send queue completions come in order, so its
+//! completion proves the whole chain done and frees every request of it (one completion per
+//! chain, not per response; the last request of a chain is never left without one).
 //!
 //! A response whose post fails is `Abandoned` if an RDMA WRITE from its buffer may have been
 //! posted (see `qpair::after_failed_post`), and its qpair is closed.
@@ -62,6 +65,9 @@ pub struct RdmaRequest {
     /// The class (0 small, 1 large, 2 capsule) of the data buffer this request holds, counted
     /// in its qpair's `held` until the request is released.
     pub buf_class: Option<u8>,
+    /// The requests posted before this one in its chain, unsignaled: this request's SEND is
+    /// the chain's only signaled work request, and its completion frees them too.
+    pub covers: u8,
     /// When its capsule arrived (the core's clock, ns): `request_latency` runs from here to
     /// the response's completion.
     pub received_ns: u64,
@@ -78,6 +84,7 @@ impl RdmaRequest {
             received_data: 0,
             posted_ms: 0,
             buf_class: None,
+            covers: 0,
             received_ns: 0,
         }
     }
