@@ -29,7 +29,8 @@
 //! # Measured phase
 //!
 //! Rounds: one command on every connection (QD1 per connection, all connections outstanding
-//! together; 4 KiB, one block, keyed SGL into the host's registered buffer), then turns until
+//! together; `SIM_OUTSTANDING` commands per connection instead, below `SIM_DEPTH`, for a
+//! connection at queue depth; 4 KiB, one block, keyed SGL into the host's registered buffer), then turns until
 //! the fabric and the reactors are idle, then the host reaps every response; repeated until
 //! IOS commands completed (the last round may cover part of the connections). Warm-up rounds
 //! come first, enough for 2,048 I/Os per reactor (at least 2; `SIM_WARMUP_ROUNDS`), so every
@@ -92,8 +93,10 @@ struct Conn {
     q: HostQueue,
     nsid: u32,
     slba: u64,
+    /// The first command id of the current round (its commands are `cid..cid + per_conn`).
     cid: u16,
-    outstanding: bool,
+    /// Commands of the round not answered yet.
+    pending: u16,
 }
 
 /// Verbs calls the host made itself (subtracted from the fabric's counters).
@@ -155,6 +158,12 @@ fn main() {
     }
     let group: usize = env_or("SIM_QUEUES_PER_CTRL", 16usize).max(1);
     let depth: u16 = env_or("SIM_DEPTH", 4u16).max(2);
+    // Commands each connection has outstanding at once (default 1: QD1 per connection).
+    let per_conn: u16 = env_or("SIM_OUTSTANDING", 1u16).max(1);
+    assert!(
+        per_conn < depth,
+        "SIM_OUTSTANDING ({per_conn}) must be below SIM_DEPTH ({depth})"
+    );
     let quantum = Duration::from_nanos(env_or("SIM_QUANTUM_NS", 1_000u64));
     // Enough rounds that each reactor has used every data buffer of its pools (up to 1,024
     // of each class): a buffer that carried Connect data is zeroed by the first null read it
@@ -222,7 +231,7 @@ fn main() {
                 nsid: if separate { c as u32 + 1 } else { 1 },
                 slba: (n * 97) % NULL_BLOCKS,
                 cid: 0,
-                outstanding: false,
+                pending: 0,
             });
         }
         admins.push(aq);
@@ -236,14 +245,24 @@ fn main() {
 
     let mut spare = HostCalls::default();
     for _ in 0..warmup {
-        round(&mut lab, &mut conns, op, quantum, &mut spare, &mut 0);
+        round(
+            &mut lab, &mut conns, per_conn, op, quantum, &mut spare, &mut 0,
+        );
     }
     keep_alive(&mut lab, &mut admins);
 
     let mut host_calls = HostCalls::default();
     let before = lab.fabric.stats();
     let start = Instant::now();
-    let phase = measured_phase(&mut lab, &mut conns, op, ios, quantum, &mut host_calls);
+    let phase = measured_phase(
+        &mut lab,
+        &mut conns,
+        per_conn,
+        op,
+        ios,
+        quantum,
+        &mut host_calls,
+    );
     let wall = start.elapsed();
     let after = lab.fabric.stats();
     let idle_turns: u64 = env_or("SIM_IDLE_TURNS", 10_000u64);
@@ -277,11 +296,12 @@ fn keep_alive(lab: &mut SimLab, admins: &mut [HostQueue]) {
     }
 }
 
-/// The measured phase: `ios` commands in rounds over every connection.
+/// The measured phase: `ios` commands in rounds over every connection (`per_conn` each).
 #[inline(never)]
 fn measured_phase(
     lab: &mut SimLab,
     conns: &mut [Conn],
+    per_conn: u16,
     op: Op,
     ios: u64,
     quantum: Duration,
@@ -290,16 +310,18 @@ fn measured_phase(
     let t0 = lab.fabric.now_ns();
     let mut phase = Phase::default();
     while phase.ios < ios {
-        let n = (ios - phase.ios).min(conns.len() as u64) as usize;
+        let k = u64::from(per_conn);
+        let n = (ios - phase.ios).div_ceil(k).min(conns.len() as u64) as usize;
         phase.turns += round(
             lab,
             &mut conns[..n],
+            per_conn,
             op,
             quantum,
             host,
             &mut phase.empty_reactor_turns,
         );
-        phase.ios += n as u64;
+        phase.ios += n as u64 * k;
         phase.rounds += 1;
     }
     phase.virtual_ns = lab.fabric.now_ns() - t0;
@@ -322,33 +344,38 @@ fn idle_phase(lab: &mut SimLab, turns: u64, quantum: Duration) {
 
 /// One command on every connection of `conns`, then turns until all are answered. Returns
 /// the turns taken; adds the reactor turns that found no work to `empty`.
+#[allow(clippy::too_many_arguments)]
 fn round(
     lab: &mut SimLab,
     conns: &mut [Conn],
+    per_conn: u16,
     op: Op,
     quantum: Duration,
     host: &mut HostCalls,
     empty: &mut u64,
 ) -> u64 {
     for c in conns.iter_mut() {
-        c.cid = c.cid.wrapping_add(1) & 0x0fff;
-        c.slba = (c.slba + 1) % NULL_BLOCKS;
-        let cmd = match op {
-            Op::Read => Command::read(c.cid, c.nsid, c.slba, 1),
-            Op::Write => Command::write(c.cid, c.nsid, c.slba, 1),
-        };
-        c.q.submit(
-            cmd,
-            Data::Keyed {
-                offset: 0,
-                len: IO_LEN,
-            },
-        );
-        c.outstanding = true;
-        host.post_send_calls += 1;
-        host.send_wrs += 1;
+        c.cid = (c.cid + per_conn) & 0x0fff;
+        for k in 0..per_conn {
+            c.slba = (c.slba + 1) % NULL_BLOCKS;
+            let cid = (c.cid + k) & 0x0fff;
+            let cmd = match op {
+                Op::Read => Command::read(cid, c.nsid, c.slba, 1),
+                Op::Write => Command::write(cid, c.nsid, c.slba, 1),
+            };
+            c.q.submit(
+                cmd,
+                Data::Keyed {
+                    offset: 0,
+                    len: IO_LEN,
+                },
+            );
+            host.post_send_calls += 1;
+            host.send_wrs += 1;
+        }
+        c.pending = per_conn;
     }
-    let mut pending = conns.len();
+    let mut pending = conns.len() * usize::from(per_conn);
     let mut turns = 0u64;
     while pending > 0 {
         let work = turn(lab, quantum, empty);
@@ -357,11 +384,10 @@ fn round(
             continue;
         }
         // Quiet: every response that will come has come.
-        for c in conns.iter_mut().filter(|c| c.outstanding) {
-            if host_poll(c, host) {
-                c.outstanding = false;
-                pending -= 1;
-            }
+        for c in conns.iter_mut().filter(|c| c.pending > 0) {
+            let answered = host_poll(c, per_conn, host);
+            c.pending -= answered;
+            pending -= usize::from(answered);
         }
         assert!(
             pending == 0 || turns < 1_000_000,
@@ -391,10 +417,11 @@ fn turn(lab: &mut SimLab, quantum: Duration, empty: &mut u64) -> usize {
     work
 }
 
-/// Reaps `c`'s CQ; true once the response to its outstanding command arrived (checked).
-fn host_poll(c: &mut Conn, host: &mut HostCalls) -> bool {
+/// Reaps `c`'s CQ; returns the responses to its round's `per_conn` commands that arrived
+/// (each checked: one of them, successful).
+fn host_poll(c: &mut Conn, per_conn: u16, host: &mut HostCalls) -> u16 {
     let mut wcs = [WorkCompletion::default(); 32];
-    let mut answered = false;
+    let mut answered = 0;
     loop {
         let n = c.q.cq.poll(&mut wcs).expect("host CQ");
         host.cq_polls += 1;
@@ -411,13 +438,17 @@ fn host_poll(c: &mut Conn, host: &mut HostCalls) -> bool {
             c.q.rsps.read_at(slot * CQE_LEN, &mut cqe);
             let cid = u16::from_le_bytes([cqe[CQE_CID], cqe[CQE_CID + 1]]);
             let status = u16::from_le_bytes([cqe[CQE_STATUS], cqe[CQE_STATUS + 1]]) >> 1;
-            assert_eq!(cid, c.cid, "response to another command");
+            assert!(
+                cid.wrapping_sub(c.cid) & 0x0fff < per_conn,
+                "response to another command: cid {cid}, round from {}",
+                c.cid
+            );
             assert_eq!(status, 0, "command failed: status {status:#x}");
             c.q.receive_done(slot);
             c.q.post_recv(slot);
             host.post_recv_calls += 1;
             host.recv_wrs += 1;
-            answered = true;
+            answered += 1;
         }
         if n < wcs.len() {
             return answered;

@@ -690,6 +690,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
 
 /// A `Sending` request whose SEND is known complete: released. Returns the send queue slots
 /// its work requests held and its latency (capsule to now, ns).
+#[inline]
 fn sent(r: &mut RdmaRequest, acct: &mut SlotAccounts, now_ns: u64) -> (u32, u64) {
     let wrs = wrs_of(r);
     let latency = now_ns.saturating_sub(r.received_ns);

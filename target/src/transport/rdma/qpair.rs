@@ -357,18 +357,18 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
         match result {
             Ok(()) => {
                 posted += n_wr;
-                let (covered, last) = slots[..n_req].split_at(n_req - 1);
-                for &si in covered {
+                for (j, &si) in slots[..n_req].iter().enumerate() {
                     let r = &mut qp.requests[si as usize];
                     r.state = State::Sending;
                     r.posted_ms = now_ms;
-                    qp.unsignaled.push_back(si);
+                    if j + 1 < n_req {
+                        qp.unsignaled.push_back(si);
+                    } else {
+                        // The signaled one: it frees the `j` before it.
+                        r.covers = j as u8;
+                        qp.signaled += 1;
+                    }
                 }
-                let r = &mut qp.requests[last[0] as usize];
-                r.state = State::Sending;
-                r.posted_ms = now_ms;
-                r.covers = covered.len() as u8;
-                qp.signaled += 1;
             }
             Err(e) => {
                 tracing::warn!(peer = %qp.state.peer, "posting responses failed: {e}; closing qpair");
