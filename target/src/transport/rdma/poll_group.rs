@@ -220,8 +220,13 @@ impl<V: Verbs> RdmaPollGroup<V> {
                     .create_qp(&dev.pd, &dev.cq, &dev.cq, Some(&dev.srq), caps)
             })
             .and_then(|qp| {
+                // A registered response buffer only for a QP that cannot send responses
+                // inline: no memory region per qpair otherwise.
+                if qp.caps().max_inline_data as usize >= CQE_LEN {
+                    return Ok((qp, None));
+                }
                 DmaBuf::<V>::new(&dev.pd, slots as usize * CQE_LEN, AccessFlags::LOCAL_WRITE)
-                    .map(|responses| (qp, responses))
+                    .map(|responses| (qp, Some(responses)))
             });
         let (qp, responses) = match built {
             Ok(built) => built,
@@ -257,7 +262,6 @@ impl<V: Verbs> RdmaPollGroup<V> {
         let sq_capacity = qp.caps().max_send_wr.min(caps.max_send_wr);
         let cq_share = caps.max_send_wr;
         let send_with_invalidate = dev.send_with_invalidate;
-        let inline_responses = qp.caps().max_inline_data as usize >= CQE_LEN;
         let token = conn.id.token();
         self.by_qp_num.insert(qp.qp_num(), qi);
         self.by_token.insert(token, qi);
@@ -283,7 +287,6 @@ impl<V: Verbs> RdmaPollGroup<V> {
             closing: None,
             drained: false,
             send_with_invalidate,
-            inline_responses,
             broken: false,
             watched: true,
         });

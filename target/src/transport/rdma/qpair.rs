@@ -28,7 +28,9 @@ pub(super) struct Qpair<V: Verbs> {
     pub token: CmIdToken,
     pub state: QueueState,
     pub requests: Vec<RdmaRequest>,
-    pub responses: DmaBuf<V>,
+    /// Where responses are sent from when the QP cannot take them inline; `None`: each
+    /// SEND carries its CQE in the work request.
+    pub responses: Option<DmaBuf<V>>,
     pub sq_capacity: u32,
     /// CQ entries reserved for this QP's sends on its device.
     pub cq_share: u32,
@@ -51,9 +53,6 @@ pub(super) struct Qpair<V: Verbs> {
     pub closing: Option<u64>,
     pub drained: bool,
     pub send_with_invalidate: bool,
-    /// The QP takes a response as inline data: SENDs carry it in the work request, and
-    /// `responses` is not read.
-    pub inline_responses: bool,
     /// A post on this QP failed. `try_send` has no core context to close the qpair with, so
     /// the poll group's next reap does.
     pub broken: bool,
@@ -307,11 +306,10 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
         let mut data_sges: SmallVec<[[Sge; 1]; MAX_CHAIN]> = SmallVec::new();
         for &si in &slots[..n_req] {
             let r = &qp.requests[si as usize];
-            if !qp.inline_responses {
+            if let Some(responses) = &mut qp.responses {
                 let offset = si as usize * CQE_LEN;
-                qp.responses.write_at(offset, r.req.rsp.as_bytes());
-                rsp_sges.push([qp
-                    .responses
+                responses.write_at(offset, r.req.rsp.as_bytes());
+                rsp_sges.push([responses
                     .sge(offset, CQE_LEN)
                     .expect("slot inside the region")]);
             }
@@ -334,7 +332,7 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
             let kind = if last { WrKind::Send } else { WrKind::Write };
             let id = wr_id(kind, gen, qi, si);
             // Inline: the post copies the CQE out of the request.
-            let payload = if qp.inline_responses {
+            let payload = if qp.responses.is_none() {
                 Payload::Inline(qp.requests[si as usize].req.rsp.as_bytes())
             } else {
                 Payload::Sges(&rsp_sges[j])
