@@ -1,6 +1,7 @@
 """Summarizes the cpu-breakdown scenario: per run, IOPS and, per I/O, the whole VM's CPU split
 into user, system, softirq and irq time, its context switches, interrupts and softirqs by kind,
-and (for our target) its threads' CPU time, context switches and read/write syscalls.
+and (for our target) its threads' CPU time, context switches and read/write syscalls, and
+the requests per send doorbell its nvmf_get_stats counted.
 
 Usage: cpu-breakdown.py OUT_DIR RUN_NAME...
 """
@@ -9,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labstats import fio_totals  # noqa: E402
+from labstats import fio_totals, rdma_counters  # noqa: E402
 
 USER_HZ = 100
 CPU_FIELDS = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
@@ -72,6 +73,11 @@ def main():
             old = a["tasks"].get(name, [0, 0, 0, 0])
             d = [y - x for x, y in zip(old, vals)]
             row["tasks"][name] = (per_io_us(d[0]), per_io_us(d[1]), d[2] / ios, d[3] / ios)
+        if os.path.exists(base + ".stats1"):
+            sa, sb = rdma_counters(base + ".stats0"), rdma_counters(base + ".stats1")
+            bells = sb.get("send_doorbell_updates", 0) - sa.get("send_doorbell_updates", 0)
+            reqs = sb.get("requests", 0) - sa.get("requests", 0)
+            row["per_bell"] = reqs / bells if bells else None
         if "syscr" in b:
             row["syscr"] = (b["syscr"] - a["syscr"]) / ios
             row["syscw"] = (b["syscw"] - a["syscw"]) / ios
@@ -100,6 +106,13 @@ def main():
                 print(f"| {r['run']} | {name} | {u:.0f} | {s:.0f} | {v:.2f} | {nv:.2f} |")
         if "syscr" in r:
             print(f"| {r['run']} | read / write syscalls | | | {r['syscr']:.2f} | {r['syscw']:.2f} |")
+    if any(r.get("per_bell") for r in rows):
+        print("\n## Our target: requests per send doorbell\n")
+        print("| run | requests per doorbell |")
+        print("|---|---:|")
+        for r in rows:
+            if r.get("per_bell"):
+                print(f"| {r['run']} | {r['per_bell']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -47,13 +47,17 @@ snapshot() {
     } >"$1"
 }
 
-# measure NAME DEV [PID]: one fio run against DEV between two snapshots.
+# measure NAME DEV [PID]: one fio run against DEV between two snapshots (and, for our target,
+# two nvmf_get_stats: requests per send doorbell).
 measure() {
     local name=$1 dev=$2 pid=${3:-}
+    [[ -n $pid ]] && nvmf_rpc nvmf_get_stats >"$LAB_OUT/$name.stats0"
     snapshot "$LAB_OUT/$name.snap0" "$pid"
     lab_fio "$name" --filename="$dev" --ioengine=libaio --direct=1 --runtime="$runtime" \
         --time_based --size=512M "${fio_args[@]}" >/dev/null
     snapshot "$LAB_OUT/$name.snap1" "$pid"
+    [[ -n $pid ]] && nvmf_rpc nvmf_get_stats >"$LAB_OUT/$name.stats1"
+    return 0
 }
 
 measure kernel "$kdev"
