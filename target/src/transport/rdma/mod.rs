@@ -29,6 +29,7 @@ use crate::transport::{Transport, TransportError, TransportLimits, TransportPoll
 mod device;
 mod poll_group;
 mod qpair;
+mod read_batch;
 mod request;
 mod steps;
 mod wait_queue;

@@ -21,6 +21,7 @@ use super::device::DeviceResources;
 use super::qpair::{
     claim_index, flush_batch, release, transfer_stuck, wrs_of, Qpair, SlotAccounts, CQE_LEN,
 };
+use super::read_batch::{drop_queued_reads, flush_reads};
 use super::request::{
     parse_tag_slot, parse_wr_id, slots_for, tag_slot, wr_id, HostData, RdmaRequest, State, WrKind,
     DRAIN_SLOT, MAX_QPAIRS,
@@ -85,7 +86,7 @@ pub struct RdmaPollGroup<V: Verbs = RealVerbs> {
     pub(super) need_read: WaitQueue,
     pub(super) need_send: WaitQueue,
     wcs: [WorkCompletion; POLL_BATCH],
-    /// Qpairs with responses batched this turn (see `flush_sends`).
+    /// Qpairs with READs or responses queued this turn (see `flush_sends`).
     pub(super) dirty: Vec<usize>,
     /// Qpairs (index, generation) the housekeeping tick looks at: unconnected (connect
     /// timeout), closing (reaped when drained), broken, or with RDMA READs or SENDs posted
@@ -279,6 +280,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             cq_share,
             acct: SlotAccounts::new(slots),
             batch: Vec::with_capacity(slots as usize),
+            reads: Vec::with_capacity(slots as usize),
             unsignaled: VecDeque::with_capacity(slots as usize),
             sq_used: 0,
             reads_in_flight: 0,
@@ -539,8 +541,8 @@ impl<V: Verbs> RdmaPollGroup<V> {
         }
     }
 
-    /// Posts every qpair's batched responses: one chain (one doorbell) per qpair per turn
-    /// for whatever completed since the last flush.
+    /// Posts every qpair's queued RDMA READs and batched responses: a chain (one doorbell)
+    /// of each per qpair per turn, for whatever queued since the last flush.
     #[inline]
     fn flush_sends(&mut self) {
         // Checked here, inlined: most turns of a spinning reactor have nothing to flush, and
@@ -557,11 +559,19 @@ impl<V: Verbs> RdmaPollGroup<V> {
             let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
                 continue;
             };
-            if qp.batch.is_empty() {
+            let (mut doorbells, mut wrs) = (0, 0);
+            if !qp.reads.is_empty() {
+                (doorbells, wrs) = flush_reads(qi, qp);
+            }
+            if !qp.batch.is_empty() {
+                let (d, w) = flush_batch(qi, qp, self.now_ms);
+                doorbells += d;
+                wrs += w;
+            }
+            if doorbells == 0 {
                 continue;
             }
             let dev = qp.dev;
-            let (doorbells, wrs) = flush_batch(qi, qp, self.now_ms);
             watch(&mut self.watch, qi, qp);
             let stats = &mut self.devices[dev].stats;
             stats.send_doorbell_updates += u64::from(doorbells);
@@ -583,6 +593,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
         watch(&mut self.watch, qi, qp);
         let _ = qp.cm_id.disconnect();
         core.queue_closed(&mut qp.state);
+        drop_queued_reads(qp);
         // Not `Abandoned`: their buffers stay until the QP is destroyed (see `Qpair`).
         for r in &mut qp.requests {
             if matches!(

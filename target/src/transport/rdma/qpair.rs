@@ -40,6 +40,9 @@ pub(super) struct Qpair<V: Verbs> {
     /// doorbell per qpair and turn, not one per response). Capacity for every slot, so
     /// pushing never allocates.
     pub batch: Vec<u32>,
+    /// Requests whose RDMA READ waits, credit and send queue room reserved, for this
+    /// turn's post (`read_batch`). Capacity for every slot.
+    pub reads: Vec<u32>,
     /// Requests whose SENDs went unsignaled (all but the last of a chain), in posting order:
     /// a chain's last request frees the `covers` oldest of them when its SEND completes.
     /// Capacity for every slot, so pushing never allocates.
@@ -215,7 +218,7 @@ pub(super) enum SendOutcome {
 
 /// Reserves send queue room for the response of `si` (and the read data before it) and
 /// adds it to the qpair's batch, posted once per poll turn by [`flush_batch`]. Returns
-/// whether the batch was empty before (the qpair must be flushed).
+/// whether the qpair had nothing waiting to be posted before (it must be flushed).
 pub(super) fn try_queue<V: Verbs>(qp: &mut Qpair<V>, si: u32) -> (SendOutcome, bool) {
     if qp.broken {
         return (SendOutcome::Failed, false);
@@ -227,7 +230,7 @@ pub(super) fn try_queue<V: Verbs>(qp: &mut Qpair<V>, si: u32) -> (SendOutcome, b
     }
     qp.sq_used += wrs;
     r.state = State::Batched;
-    let first = qp.batch.is_empty();
+    let first = qp.batch.is_empty() && qp.reads.is_empty();
     qp.batch.push(si);
     (SendOutcome::Queued, first)
 }

@@ -3,12 +3,13 @@
 //! how a response joins its qpair's batch; and the serve loops that retry requests waiting
 //! in the poll group's FIFOs for those resources.
 
-use nvmf_common::rdma::{SendWr, Verbs, VerbsQp};
+use nvmf_common::rdma::Verbs;
 use nvmf_common::spec::Status;
 
-use super::poll_group::{class_index, watch, RdmaPollGroup};
+use super::poll_group::{class_index, RdmaPollGroup};
 use super::qpair::{release, try_queue, SendOutcome};
-use super::request::{wr_id, HostData, State, WrKind};
+use super::read_batch::queue_read;
+use super::request::{HostData, State};
 use super::wait_queue::{WaitQueue, Waiter};
 use crate::core::driver::{self, Attempt, BufferStep, FetchStep, RequestTransport};
 use crate::core::queue::QueueState;
@@ -123,29 +124,17 @@ impl<V: Verbs> RequestTransport for RdmaPollGroup<V> {
                     .copy_from_slice(&whole.as_slice()[from..from + n]);
                 FetchStep::Done
             }
-            HostData::Keyed { addr, key, .. } => {
+            HostData::Keyed { .. } => {
                 let room = qp.reads_in_flight < qp.max_reads && qp.sq_used < qp.sq_capacity;
                 let behind = attempt == Attempt::Fresh && !self.need_read.is_empty();
                 if !room || behind {
                     enqueue(&mut self.need_read, id, attempt);
                     return FetchStep::Wait;
                 }
-                let sge = [r.data_sge().expect("buffer attached")];
-                let wr = SendWr::rdma_read(
-                    wr_id(WrKind::Read, qp.gen, id.qpair, id.slot),
-                    &sge,
-                    addr,
-                    key,
-                );
-                if let Err(e) = qp.qp.post_send(&[wr]) {
-                    tracing::warn!(peer = %qp.state.peer, "posting RDMA READ failed: {e}");
-                    return FetchStep::Fail(Status::DATA_TRANSFER_ERROR);
+                // Posted with the qpair's other READs of this turn (one doorbell).
+                if queue_read(qp, id.slot, self.now_ms) {
+                    self.dirty.push(id.qpair);
                 }
-                r.posted_ms = self.now_ms;
-                qp.sq_used += 1;
-                qp.signaled += 1;
-                qp.reads_in_flight += 1;
-                watch(&mut self.watch, id.qpair, qp);
                 FetchStep::Posted
             }
             HostData::None => FetchStep::Fail(Status::DATA_SGL_LENGTH_INVALID.with_dnr()),

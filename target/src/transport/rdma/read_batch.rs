@@ -1,0 +1,163 @@
+//! RDMA READs of host data, batched per qpair and turn as responses are: a request whose
+//! keyed data must be fetched reserves its read credit and send queue room at once and joins
+//! its qpair's read list; the poll group posts the list as one chain (one doorbell) when it
+//! flushes the turn's work. A host writing at queue depth then costs a READ doorbell per
+//! qpair and turn, not one per command (on soft-RoCE every doorbell is a system call that
+//! builds the packets).
+
+use nvmf_common::rdma::{RdmaError, SendWr, Sge, Verbs, VerbsQp, MAX_CHAIN};
+use smallvec::SmallVec;
+
+use super::qpair::{release, Qpair};
+use super::request::{wr_id, HostData, State, WrKind};
+
+/// Reserves request `si`'s read credit and send queue room and queues its RDMA READ for
+/// this turn's post (the caller checked both are available). Returns whether the qpair had
+/// nothing waiting to be posted before (it must join the poll group's flush list).
+pub(super) fn queue_read<V: Verbs>(qp: &mut Qpair<V>, si: u32, now_ms: u64) -> bool {
+    let first = qp.reads.is_empty() && qp.batch.is_empty();
+    qp.sq_used += 1;
+    qp.signaled += 1;
+    qp.reads_in_flight += 1;
+    qp.requests[si as usize].posted_ms = now_ms;
+    qp.reads.push(si);
+    first
+}
+
+/// What becomes of a queued READ when its chain's post failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReadFate {
+    /// Posted: its completion (flushed, as the QP is in error) releases it.
+    Posted,
+    /// May have been posted: the NIC may still write into its buffer, so it keeps it
+    /// (`Abandoned`) until the QP is destroyed.
+    Hold,
+    /// Proven not posted: its credit and room go back and the request is released.
+    Release,
+}
+
+/// The fate of READ `j` of a chain whose post failed with `err`. `PostSend { index }` says
+/// the work requests before `index` were posted; an index of 0 is also what a provider that
+/// names no failing request reports, so it proves nothing. Only `InvalidArgument` (refused
+/// before the verb) proves that none was posted.
+pub(super) fn read_fate(j: usize, err: &RdmaError) -> ReadFate {
+    match err {
+        RdmaError::InvalidArgument(_) => ReadFate::Release,
+        RdmaError::PostSend { index, .. } if *index > 0 => {
+            if j < *index {
+                ReadFate::Posted
+            } else {
+                ReadFate::Release
+            }
+        }
+        _ => ReadFate::Hold,
+    }
+}
+
+/// Posts the qpair's queued READs, at most [`MAX_CHAIN`] per post (one doorbell each),
+/// every one signaled (its completion starts its command). On a failed post the qpair is
+/// marked broken (the poll group closes it) and each READ of that chain and every later one
+/// meets its [`ReadFate`]. Returns (doorbells, work requests posted).
+pub(super) fn flush_reads<V: Verbs>(qi: usize, qp: &mut Qpair<V>) -> (u32, u32) {
+    let (mut doorbells, mut posted) = (0u32, 0u32);
+    let mut next = 0;
+    while next < qp.reads.len() {
+        let end = (next + MAX_CHAIN).min(qp.reads.len());
+        let slots = &qp.reads[next..end];
+        let sges: SmallVec<[[Sge; 1]; MAX_CHAIN]> = slots
+            .iter()
+            .map(|&si| [qp.requests[si as usize].data_sge().unwrap_or_default()])
+            .collect();
+        let mut chain: SmallVec<[SendWr<'_>; MAX_CHAIN]> = SmallVec::new();
+        for (j, &si) in slots.iter().enumerate() {
+            // Only keyed requests are queued (`fetch_data`).
+            if let HostData::Keyed { addr, key, .. } = qp.requests[si as usize].host {
+                let id = wr_id(WrKind::Read, qp.gen, qi, si);
+                chain.push(SendWr::rdma_read(id, &sges[j], addr, key));
+            }
+        }
+        let result = qp.qp.post_send(&chain);
+        drop(chain);
+        doorbells += 1;
+        match result {
+            Ok(()) => {
+                posted += (end - next) as u32;
+                next = end;
+            }
+            Err(e) => {
+                tracing::warn!(peer = %qp.state.peer, "posting RDMA READs failed: {e}; closing qpair");
+                qp.broken = true;
+                for k in next..qp.reads.len() {
+                    let si = qp.reads[k] as usize;
+                    let fate = if k < end {
+                        read_fate(k - next, &e)
+                    } else {
+                        ReadFate::Release
+                    };
+                    match fate {
+                        ReadFate::Posted => {}
+                        ReadFate::Hold => qp.requests[si].state = State::Abandoned,
+                        ReadFate::Release => {
+                            unreserve(qp);
+                            release(&mut qp.acct, &mut qp.requests[si]);
+                        }
+                    }
+                }
+                break;
+            }
+        }
+    }
+    qp.reads.clear();
+    (doorbells, posted)
+}
+
+/// The qpair is closing before its queued READs were posted: they give back what they
+/// reserved and their requests are released.
+pub(super) fn drop_queued_reads<V: Verbs>(qp: &mut Qpair<V>) {
+    while let Some(si) = qp.reads.pop() {
+        unreserve(qp);
+        release(&mut qp.acct, &mut qp.requests[si as usize]);
+    }
+}
+
+fn unreserve<V: Verbs>(qp: &mut Qpair<V>) {
+    qp.sq_used -= 1;
+    qp.signaled -= 1;
+    qp.reads_in_flight -= 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    fn post_send(index: usize) -> RdmaError {
+        RdmaError::PostSend {
+            index,
+            source: io::Error::from_raw_os_error(libc::ENOMEM),
+        }
+    }
+
+    #[test]
+    fn a_failed_read_chain_releases_only_what_was_proven_unposted() {
+        // The provider says the first two went.
+        let e = post_send(2);
+        let fates: Vec<_> = (0..4).map(|j| read_fate(j, &e)).collect();
+        assert_eq!(
+            fates,
+            [
+                ReadFate::Posted,
+                ReadFate::Posted,
+                ReadFate::Release,
+                ReadFate::Release
+            ]
+        );
+        // Index 0 proves nothing: every READ may be writing into its buffer.
+        let e = post_send(0);
+        assert!((0..4).all(|j| read_fate(j, &e) == ReadFate::Hold));
+        // Refused before the verb: nothing went.
+        let e = RdmaError::InvalidArgument("too many SGEs");
+        assert!((0..4).all(|j| read_fate(j, &e) == ReadFate::Release));
+    }
+}
