@@ -63,21 +63,27 @@ pub(super) fn flush_reads<V: Verbs>(qi: usize, qp: &mut Qpair<V>) -> (u32, u32) 
     let mut next = 0;
     while next < qp.reads.len() {
         let end = (next + MAX_CHAIN).min(qp.reads.len());
-        let slots = &qp.reads[next..end];
-        let sges: SmallVec<[[Sge; 1]; MAX_CHAIN]> = slots
-            .iter()
-            .map(|&si| [qp.requests[si as usize].data_sge().unwrap_or_default()])
-            .collect();
-        let mut chain: SmallVec<[SendWr<'_>; MAX_CHAIN]> = SmallVec::new();
-        for (j, &si) in slots.iter().enumerate() {
-            // Only keyed requests are queued (`fetch_data`).
-            if let HostData::Keyed { addr, key, .. } = qp.requests[si as usize].host {
-                let id = wr_id(WrKind::Read, qp.gen, qi, si);
-                chain.push(SendWr::rdma_read(id, &sges[j], addr, key));
+        let result = if end - next == 1 {
+            // One READ (a queue at depth 1, or one command per turn): no chain to build.
+            let si = qp.reads[next];
+            let sge = [qp.requests[si as usize].data_sge().unwrap_or_default()];
+            match read_wr(qp, qi, si, &sge) {
+                Some(wr) => qp.qp.post_send(&[wr]),
+                None => Ok(()),
             }
-        }
-        let result = qp.qp.post_send(&chain);
-        drop(chain);
+        } else {
+            let slots = &qp.reads[next..end];
+            // A plain array: cheaper to fill than a SmallVec to extend, at a handful of READs.
+            let mut sges = [[Sge::default(); 1]; MAX_CHAIN];
+            for (sge, &si) in sges.iter_mut().zip(slots) {
+                *sge = [qp.requests[si as usize].data_sge().unwrap_or_default()];
+            }
+            let mut chain: SmallVec<[SendWr<'_>; MAX_CHAIN]> = SmallVec::new();
+            for (j, &si) in slots.iter().enumerate() {
+                chain.extend(read_wr(qp, qi, si, &sges[j]));
+            }
+            qp.qp.post_send(&chain)
+        };
         doorbells += 1;
         match result {
             Ok(()) => {
@@ -87,28 +93,53 @@ pub(super) fn flush_reads<V: Verbs>(qi: usize, qp: &mut Qpair<V>) -> (u32, u32) 
             Err(e) => {
                 tracing::warn!(peer = %qp.state.peer, "posting RDMA READs failed: {e}; closing qpair");
                 qp.broken = true;
-                for k in next..qp.reads.len() {
-                    let si = qp.reads[k] as usize;
-                    let fate = if k < end {
-                        read_fate(k - next, &e)
-                    } else {
-                        ReadFate::Release
-                    };
-                    match fate {
-                        ReadFate::Posted => {}
-                        ReadFate::Hold => qp.requests[si].state = State::Abandoned,
-                        ReadFate::Release => {
-                            unreserve(qp);
-                            release(&mut qp.acct, &mut qp.requests[si]);
-                        }
-                    }
-                }
+                settle_failed(qp, next, end, &e);
                 break;
             }
         }
     }
     qp.reads.clear();
     (doorbells, posted)
+}
+
+/// The RDMA READ of request `si`'s keyed data into `sge` (only keyed requests are queued).
+#[inline]
+fn read_wr<'a, V: Verbs>(
+    qp: &Qpair<V>,
+    qi: usize,
+    si: u32,
+    sge: &'a [Sge; 1],
+) -> Option<SendWr<'a>> {
+    match qp.requests[si as usize].host {
+        HostData::Keyed { addr, key, .. } => Some(SendWr::rdma_read(
+            wr_id(WrKind::Read, qp.gen, qi, si),
+            sge,
+            addr,
+            key,
+        )),
+        _ => None,
+    }
+}
+
+/// The queued READs from `next` on, after the chain `next..end` failed to post with `err`:
+/// each of the chain meets its [`ReadFate`], every later one is released.
+fn settle_failed<V: Verbs>(qp: &mut Qpair<V>, next: usize, end: usize, err: &RdmaError) {
+    for k in next..qp.reads.len() {
+        let si = qp.reads[k] as usize;
+        let fate = if k < end {
+            read_fate(k - next, err)
+        } else {
+            ReadFate::Release
+        };
+        match fate {
+            ReadFate::Posted => {}
+            ReadFate::Hold => qp.requests[si].state = State::Abandoned,
+            ReadFate::Release => {
+                unreserve(qp);
+                release(&mut qp.acct, &mut qp.requests[si]);
+            }
+        }
+    }
 }
 
 /// The qpair is closing before its queued READs were posted: they give back what they
