@@ -726,6 +726,12 @@ pub fn stalled_io_queue(
     connected_io_queue(lab, verbs, cntlid, qid, depth, data_len, 1, false)
 }
 
+/// Reactor 0's first RDMA device counter `key`, as `nvmf_get_stats` shows it.
+pub fn device_stat(lab: &mut SimLab, key: &str) -> u64 {
+    let stats = lab.pgs[0].transport_stats();
+    stats[0]["devices"][0][key].as_u64().expect(key)
+}
+
 /// `len` bytes of the queue's data buffer at `offset`, by keyed SGL.
 pub fn keyed(offset: usize, len: u32) -> Data {
     Data::Keyed { offset, len }

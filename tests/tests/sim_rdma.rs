@@ -558,12 +558,6 @@ fn max_qpairs_holds_at_the_rdma_connect_and_idle_connections_expire() {
     lab.assert_drained();
 }
 
-/// Reactor 0's first RDMA device counter `key`, as `nvmf_get_stats` shows it.
-fn device_stat(lab: &mut SimLab, key: &str) -> u64 {
-    let stats = lab.pgs[0].transport_stats();
-    stats[0]["devices"][0][key].as_u64().expect(key)
-}
-
 /// Issue 14: a host sending one command at a time does not cost a receive doorbell per
 /// command: consumed SRQ slots go back in batches, and the few held for a batch go back when
 /// the reactor's timer ticks (or it goes idle), so the SRQ is whole again.

@@ -7,11 +7,6 @@ use std::time::Duration;
 
 use nvmf_tests::sim::*;
 
-fn device_stat(lab: &mut SimLab, key: &str) -> u64 {
-    let stats = lab.pgs[0].transport_stats();
-    stats[0]["devices"][0][key].as_u64().expect(key)
-}
-
 const WRITES: u16 = 16;
 
 /// `WRITES` keyed 4 KiB writes submitted together (queue depth 16), then waited for.
