@@ -240,8 +240,8 @@ pub(super) fn try_queue<V: Verbs>(qp: &mut Qpair<V>, si: u32) -> (SendOutcome, b
 pub(super) enum Fate {
     /// All its work requests were posted: it completes (flushed) like any other.
     Posted,
-    /// Its RDMA WRITE may be on the send queue: it keeps its buffer (`Abandoned`) until the
-    /// QP is destroyed.
+    /// A work request on its buffer (a response's RDMA WRITE, an RDMA READ) may be on the
+    /// send queue: it keeps the buffer (`Abandoned`) until the QP is destroyed.
     Hold,
     /// Nothing of it was posted, or nothing that reads its buffer: released now.
     Release,
@@ -254,9 +254,21 @@ pub(super) enum Fate {
 /// its buffer is held then. Only `InvalidArgument` (refused before the verb) proves that
 /// nothing was posted.
 pub(super) fn fate_after_failed_post(wrs: &[u32], j: usize, err: &RdmaError) -> Fate {
+    fate_in_failed_chain(wrs, j, err, wrs[j] == 2)
+}
+
+/// [`fate_after_failed_post`] for any chain: `on_buffer` says whether request `j`'s work
+/// requests touch its data buffer (a response's RDMA WRITE reads it, an RDMA READ writes
+/// it), so that a post which may have gone must hold the buffer.
+pub(super) fn fate_in_failed_chain(
+    wrs: &[u32],
+    j: usize,
+    err: &RdmaError,
+    on_buffer: bool,
+) -> Fate {
     let mine = wrs[j];
     let ambiguous = || {
-        if after_failed_post(mine == 2, err) == AfterFailedPost::Hold {
+        if after_failed_post(on_buffer, err) == AfterFailedPost::Hold {
             Fate::Hold
         } else {
             Fate::Release

@@ -8,13 +8,17 @@
 use nvmf_common::rdma::{RdmaError, SendWr, Sge, Verbs, VerbsQp, MAX_CHAIN};
 use smallvec::SmallVec;
 
-use super::qpair::{release, Qpair};
+use super::qpair::{fate_in_failed_chain, release, Fate, Qpair};
 use super::request::{wr_id, HostData, State, WrKind};
 
 /// Reserves request `si`'s read credit and send queue room and queues its RDMA READ for
 /// this turn's post (the caller checked both are available). Returns whether the qpair had
 /// nothing waiting to be posted before (it must join the poll group's flush list).
 pub(super) fn queue_read<V: Verbs>(qp: &mut Qpair<V>, si: u32, now_ms: u64) -> bool {
+    debug_assert!(matches!(
+        qp.requests[si as usize].host,
+        HostData::Keyed { .. }
+    ));
     let first = qp.reads.is_empty() && qp.batch.is_empty();
     qp.sq_used += 1;
     qp.signaled += 1;
@@ -24,40 +28,10 @@ pub(super) fn queue_read<V: Verbs>(qp: &mut Qpair<V>, si: u32, now_ms: u64) -> b
     first
 }
 
-/// What becomes of a queued READ when its chain's post failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ReadFate {
-    /// Posted: its completion (flushed, as the QP is in error) releases it.
-    Posted,
-    /// May have been posted: the NIC may still write into its buffer, so it keeps it
-    /// (`Abandoned`) until the QP is destroyed.
-    Hold,
-    /// Proven not posted: its credit and room go back and the request is released.
-    Release,
-}
-
-/// The fate of READ `j` of a chain whose post failed with `err`. `PostSend { index }` says
-/// the work requests before `index` were posted; an index of 0 is also what a provider that
-/// names no failing request reports, so it proves nothing. Only `InvalidArgument` (refused
-/// before the verb) proves that none was posted.
-pub(super) fn read_fate(j: usize, err: &RdmaError) -> ReadFate {
-    match err {
-        RdmaError::InvalidArgument(_) => ReadFate::Release,
-        RdmaError::PostSend { index, .. } if *index > 0 => {
-            if j < *index {
-                ReadFate::Posted
-            } else {
-                ReadFate::Release
-            }
-        }
-        _ => ReadFate::Hold,
-    }
-}
-
 /// Posts the qpair's queued READs, at most [`MAX_CHAIN`] per post (one doorbell each),
 /// every one signaled (its completion starts its command). On a failed post the qpair is
 /// marked broken (the poll group closes it) and each READ of that chain and every later one
-/// meets its [`ReadFate`]. Returns (doorbells, work requests posted).
+/// meets its [`Fate`]. Returns (doorbells, work requests posted).
 pub(super) fn flush_reads<V: Verbs>(qi: usize, qp: &mut Qpair<V>) -> (u32, u32) {
     let (mut doorbells, mut posted) = (0u32, 0u32);
     let mut next = 0;
@@ -122,19 +96,21 @@ fn read_wr<'a, V: Verbs>(
 }
 
 /// The queued READs from `next` on, after the chain `next..end` failed to post with `err`:
-/// each of the chain meets its [`ReadFate`], every later one is released.
+/// each of the chain meets its [`Fate`] (a READ is one work request, writing into its
+/// buffer), every later one is released.
 fn settle_failed<V: Verbs>(qp: &mut Qpair<V>, next: usize, end: usize, err: &RdmaError) {
+    let ones = [1u32; MAX_CHAIN];
     for k in next..qp.reads.len() {
         let si = qp.reads[k] as usize;
         let fate = if k < end {
-            read_fate(k - next, err)
+            read_fate(&ones[..end - next], k - next, err)
         } else {
-            ReadFate::Release
+            Fate::Release
         };
         match fate {
-            ReadFate::Posted => {}
-            ReadFate::Hold => qp.requests[si].state = State::Abandoned,
-            ReadFate::Release => {
+            Fate::Posted => {}
+            Fate::Hold => qp.requests[si].state = State::Abandoned,
+            Fate::Release => {
                 unreserve(qp);
                 release(&mut qp.acct, &mut qp.requests[si]);
             }
@@ -149,6 +125,11 @@ pub(super) fn drop_queued_reads<V: Verbs>(qp: &mut Qpair<V>) {
         unreserve(qp);
         release(&mut qp.acct, &mut qp.requests[si as usize]);
     }
+}
+
+/// READ `j` of a failed chain of `chain.len()` READs: one work request each, on its buffer.
+fn read_fate(chain: &[u32], j: usize, err: &RdmaError) -> Fate {
+    fate_in_failed_chain(chain, j, err, true)
 }
 
 fn unreserve<V: Verbs>(qp: &mut Qpair<V>) {
@@ -174,21 +155,17 @@ mod tests {
     fn a_failed_read_chain_releases_only_what_was_proven_unposted() {
         // The provider says the first two went.
         let e = post_send(2);
-        let fates: Vec<_> = (0..4).map(|j| read_fate(j, &e)).collect();
+        let chain = [1u32; 4];
+        let fates: Vec<_> = (0..4).map(|j| read_fate(&chain, j, &e)).collect();
         assert_eq!(
             fates,
-            [
-                ReadFate::Posted,
-                ReadFate::Posted,
-                ReadFate::Release,
-                ReadFate::Release
-            ]
+            [Fate::Posted, Fate::Posted, Fate::Release, Fate::Release]
         );
         // Index 0 proves nothing: every READ may be writing into its buffer.
         let e = post_send(0);
-        assert!((0..4).all(|j| read_fate(j, &e) == ReadFate::Hold));
+        assert!((0..4).all(|j| read_fate(&chain, j, &e) == Fate::Hold));
         // Refused before the verb: nothing went.
         let e = RdmaError::InvalidArgument("too many SGEs");
-        assert!((0..4).all(|j| read_fate(j, &e) == ReadFate::Release));
+        assert!((0..4).all(|j| read_fate(&chain, j, &e) == Fate::Release));
     }
 }
