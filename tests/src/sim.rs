@@ -60,6 +60,10 @@ pub struct SimLab {
     pub pgs: Vec<PollGroup>,
     pub transport: Arc<RdmaTransport<SimVerbs>>,
     pub bdev: BdevRef,
+    /// The RDMA READs a host's queue connected from now on lets the target have in flight
+    /// on it (its responder resources; Linux hosts offer what their NIC serves, 16 on
+    /// many).
+    pub host_read_credits: u8,
 }
 
 impl SimLab {
@@ -144,6 +148,7 @@ impl SimLab {
             pgs,
             transport,
             bdev,
+            host_read_credits: 16,
         };
         lab.subsystem(SUBNQN);
         lab
@@ -161,6 +166,7 @@ impl SimLab {
             pgs,
             transport,
             bdev,
+            ..
         } = self;
         drop(pgs);
         drop(target);
@@ -448,7 +454,7 @@ impl HostQueue {
         let private_data = private(&req);
         q.id.connect(&ConnParams {
             initiator_depth: 16,
-            responder_resources: 16,
+            responder_resources: lab.host_read_credits,
             ..ConnParams::with_private_data(&private_data)
         })
         .expect("connect");

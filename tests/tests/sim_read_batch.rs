@@ -1,7 +1,8 @@
 //! RDMA READs of keyed write data batched per qpair and turn (issue 14): a host writing at
 //! queue depth costs a READ doorbell per turn, not one per command, the counters SPDK's
 //! `nvmf_get_stats` shows count the READs, and a READ chain whose post fails leaks nothing
-//! and lets no buffer the NIC may still write into go back to the pool.
+//! and lets no buffer the NIC may still write into go back to the pool. A host that grants
+//! few READ credits has its writes wait on its own queue, not on anyone else's.
 
 use std::time::Duration;
 
@@ -11,12 +12,32 @@ const WRITES: u16 = 16;
 
 /// `WRITES` keyed 4 KiB writes submitted together (queue depth 16), then waited for.
 fn write_burst(io: &mut HostQueue, seed: u8) {
+    write_burst_at(io, seed, 0);
+}
+
+/// [`write_burst`] to the blocks from `slba` on.
+fn write_burst_at(io: &mut HostQueue, seed: u8, slba: u64) {
     for i in 0..WRITES {
         let data = pattern(seed.wrapping_add(i as u8), 4096);
         io.data.write_at(usize::from(i) * 4096, &data);
         io.submit(
-            write_cmd(i + 1, u64::from(i) * 8, 8),
+            write_cmd(i + 1, slba + u64::from(i) * 8, 8),
             keyed(usize::from(i) * 4096, 4096),
+        );
+    }
+}
+
+/// Reads back the blocks [`write_burst_at`] wrote and checks each holds its command's bytes.
+fn check_burst(lab: &mut SimLab, io: &mut HostQueue, seed: u8, slba: u64) {
+    for i in 0..WRITES {
+        let off = usize::from(i) * 4096;
+        let lba = slba + u64::from(i) * 8;
+        let c = io.run(lab, read_cmd(100 + i, lba, 8), keyed(off, 4096));
+        assert!(c.status().is_success(), "{c:?}");
+        assert_eq!(
+            data_bytes(io, off, 4096),
+            pattern(seed.wrapping_add(i as u8), 4096),
+            "block {lba}"
         );
     }
 }
@@ -62,19 +83,7 @@ fn keyed_writes_at_depth_share_a_read_doorbell_and_land_intact() {
         target_posts
     );
     // Every block holds what its own command carried.
-    for i in 0..WRITES {
-        let off = usize::from(i) * 4096;
-        let c = io.run(
-            &mut lab,
-            read_cmd(100 + i, u64::from(i) * 8, 8),
-            keyed(off, 4096),
-        );
-        assert!(c.status().is_success(), "{c:?}");
-        assert_eq!(
-            data_bytes(&io, off, 4096),
-            pattern(40u8.wrapping_add(i as u8), 4096)
-        );
-    }
+    check_burst(&mut lab, &mut io, 40, 0);
     io.disconnect();
     admin.disconnect();
     lab.assert_drained();
@@ -138,4 +147,106 @@ fn a_read_chain_that_fails_leaks_nothing_and_harms_no_other_host() {
         other_admin.disconnect();
         lab.assert_drained();
     }
+}
+
+/// A host whose NIC serves 2 RDMA READs at a time (its responder resources) writes 16 blocks
+/// at once while another host, with 16 READ credits, does the same. The stingy host's writes
+/// wait for credits on its own queue (`pending_rdma_read` shows them) and are fetched two at a
+/// time as READs complete; the other host's never wait behind them and finish first; every
+/// block of both lands intact and nothing is left waiting.
+#[test]
+fn writes_past_a_hosts_read_credits_wait_on_its_queue_alone_and_land_intact() {
+    let mut lab = SimLab::new(33);
+    let stingy = lab.fabric.add_host(host_ip(1));
+    let other = lab.fabric.add_host(host_ip(2));
+    let (mut stingy_admin, stingy_cntlid) = admin_queue(&mut lab, &stingy);
+    let (mut other_admin, other_cntlid) = admin_queue(&mut lab, &other);
+    let mut other_io = io_queue(&mut lab, &other, other_cntlid, 32, 32 * 4096);
+    lab.host_read_credits = 2;
+    let mut stingy_io = io_queue(&mut lab, &stingy, stingy_cntlid, 32, 32 * 4096);
+    lab.run_for(Duration::from_millis(1), Duration::from_micros(100));
+    write_burst_at(&mut stingy_io, 60, 0);
+    write_burst_at(&mut other_io, 90, 1000);
+    let (mut stingy_done, mut other_done) = (0u16, 0u16);
+    let mut other_first = false;
+    let mut most_waiting = 0;
+    lab.until(50_000, |lab| {
+        most_waiting = most_waiting.max(device_stat(lab, "pending_rdma_read"));
+        for c in stingy_io.poll() {
+            assert!(c.status().is_success(), "{c:?}");
+            stingy_done += 1;
+        }
+        for c in other_io.poll() {
+            assert!(c.status().is_success(), "{c:?}");
+            other_done += 1;
+        }
+        if other_done == WRITES && stingy_done < WRITES {
+            other_first = true;
+        }
+        stingy_done == WRITES && other_done == WRITES
+    });
+    // Some waited, and never more than the 14 the two READs on the wire leave.
+    assert!(
+        (2..=14).contains(&most_waiting),
+        "{most_waiting} READs waited at most"
+    );
+    assert!(
+        other_first,
+        "the generous host's writes waited behind the stingy one's"
+    );
+    assert_eq!(device_stat(&mut lab, "pending_rdma_read"), 0);
+    assert_eq!(lab.resources(0).waiting, 0);
+    check_burst(&mut lab, &mut stingy_io, 60, 0);
+    check_burst(&mut lab, &mut other_io, 90, 1000);
+    stingy_io.disconnect();
+    other_io.disconnect();
+    stingy_admin.disconnect();
+    other_admin.disconnect();
+    lab.assert_drained();
+}
+
+/// The stingy host vanishes while most of its writes wait for READ credits: the waiting
+/// requests are released with the queue, nothing leaks, and the other host goes on.
+#[test]
+fn a_host_that_vanishes_with_writes_waiting_for_read_credits_leaks_nothing() {
+    let mut lab = SimLab::new(34);
+    let stingy = lab.fabric.add_host(host_ip(1));
+    let other = lab.fabric.add_host(host_ip(2));
+    let (mut stingy_admin, stingy_cntlid) = admin_queue(&mut lab, &stingy);
+    let (mut other_admin, other_cntlid) = admin_queue(&mut lab, &other);
+    let mut other_io = io_queue(&mut lab, &other, other_cntlid, 32, 32 * 4096);
+    lab.host_read_credits = 1;
+    let mut stingy_io = io_queue(&mut lab, &stingy, stingy_cntlid, 32, 32 * 4096);
+    lab.run_for(Duration::from_millis(1), Duration::from_micros(100));
+    write_burst_at(&mut stingy_io, 5, 0);
+    lab.until(10_000, |lab| device_stat(lab, "pending_rdma_read") >= 8);
+    // Gone without a word: its QP and CM id are destroyed with READs waiting and in flight.
+    drop(stingy_io);
+    for _ in 0..100 {
+        if lab.resources(0).qpairs == 3 {
+            break;
+        }
+        lab.run_for(Duration::from_millis(50), Duration::from_millis(5));
+    }
+    assert_eq!(
+        lab.resources(0).qpairs,
+        3,
+        "the vanished queue was not reaped"
+    );
+    assert_eq!(device_stat(&mut lab, "pending_rdma_read"), 0);
+    assert_eq!(lab.resources(0).waiting, 0);
+    write_burst_at(&mut other_io, 70, 2000);
+    let mut done = 0;
+    lab.until(20_000, |_| {
+        for c in other_io.poll() {
+            assert!(c.status().is_success(), "{c:?}");
+            done += 1;
+        }
+        done == WRITES
+    });
+    check_burst(&mut lab, &mut other_io, 70, 2000);
+    other_io.disconnect();
+    stingy_admin.disconnect();
+    other_admin.disconnect();
+    lab.assert_drained();
 }

@@ -110,11 +110,17 @@ impl PollGroup {
     }
 
     /// Runs the messages that arrived since the last turn.
+    #[inline]
     pub fn drain_messages(&mut self) -> usize {
         // Two index loads, where an empty `pop` pays for a full attempt: most turns have none.
         if self.inbox.is_empty() {
             return 0;
         }
+        self.run_messages()
+    }
+
+    #[inline(never)]
+    fn run_messages(&mut self) -> usize {
         let mut n = 0;
         while let Some(msg) = self.inbox.pop() {
             msg(self);

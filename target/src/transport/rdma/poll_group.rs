@@ -83,7 +83,6 @@ pub struct RdmaPollGroup<V: Verbs = RealVerbs> {
     /// Requests waiting for a data buffer, one FIFO per class (small, large): a class that
     /// ran out never makes the other's waiters wait, nor costs a scan.
     pub(super) need_buffer: [WaitQueue; 2],
-    pub(super) need_read: WaitQueue,
     pub(super) need_send: WaitQueue,
     wcs: [WorkCompletion; POLL_BATCH],
     /// Qpairs with READs or responses queued this turn (see `flush_sends`).
@@ -120,7 +119,6 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 WaitQueue::new(State::NeedBuffer),
                 WaitQueue::new(State::NeedBuffer),
             ],
-            need_read: WaitQueue::new(State::NeedRead),
             need_send: WaitQueue::new(State::NeedSend),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             dirty: Vec::new(),
@@ -281,6 +279,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             acct: SlotAccounts::new(slots),
             batch: Vec::with_capacity(slots as usize),
             reads: Vec::with_capacity(slots as usize),
+            awaiting_read: VecDeque::with_capacity(slots as usize),
             unsignaled: VecDeque::with_capacity(slots as usize),
             sq_used: 0,
             reads_in_flight: 0,
@@ -410,9 +409,11 @@ impl<V: Verbs> RdmaPollGroup<V> {
         if !ok && wc.status() != WcStatus::WR_FLUSH_ERR && qp.closing.is_none() {
             tracing::warn!(status = wc.status().as_str(), ?kind, peer = %qp.state.peer, "work request failed; closing qpair");
         }
-        match kind {
+        // A READ gives back its credit, a SEND its send queue room: requests of this qpair
+        // waiting for them go after it.
+        let freed = match kind {
             // Unsignaled: only errors complete, and the SEND behind reports them too.
-            WrKind::Write | WrKind::Recv => {}
+            WrKind::Write | WrKind::Recv => false,
             WrKind::Send => {
                 qp.signaled = qp.signaled.saturating_sub(1);
                 if slot == DRAIN_SLOT {
@@ -441,6 +442,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
                         qp.acct.unpark(share, qi, qp.gen, &mut self.need_buffer);
                     }
                 }
+                !qp.awaiting_read.is_empty()
             }
             WrKind::Read => {
                 qp.signaled = qp.signaled.saturating_sub(1);
@@ -451,11 +453,15 @@ impl<V: Verbs> RdmaPollGroup<V> {
                     gen,
                     slot,
                 };
+                let waiting = !qp.awaiting_read.is_empty();
                 driver::data_arrived(self, core, id, ok);
+                waiting
             }
-        }
+        };
         if !ok {
             self.start_close(qi, core);
+        } else if freed {
+            self.serve_reads(qi, core);
         }
     }
 
@@ -606,6 +612,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
         // Batched responses were released above; none is posted any more. Parked requests
         // were `NeedBuffer`: released too.
         qp.batch.clear();
+        qp.awaiting_read.clear();
         qp.acct.parked.iter_mut().for_each(VecDeque::clear);
         let marker = SendWr::send(wr_id(WrKind::Send, qp.gen, qi, DRAIN_SLOT), &[]);
         if qp.qp.post_send(&[marker]).is_ok() {
@@ -732,7 +739,8 @@ pub struct PollGroupResources {
     pub recv_slots_held: u32,
     /// Consumed receive slots waiting to be posted again with a batch, over all devices.
     pub recv_slots_waiting: usize,
-    /// Entries in the three wait queues (stale ones included until they are dropped).
+    /// Entries in the poll group's wait queues (stale ones included until they are dropped)
+    /// and requests waiting on their qpair for a read credit.
     pub waiting: usize,
     /// Requests parked on their qpair, which holds its whole share of their buffer class.
     pub parked: usize,
@@ -763,8 +771,13 @@ impl<V: Verbs> RdmaPollGroup<V> {
             parked: live_parked,
             waiting: self.need_buffer[0].len()
                 + self.need_buffer[1].len()
-                + self.need_read.len()
-                + self.need_send.len(),
+                + self.need_send.len()
+                + self
+                    .qpairs
+                    .iter()
+                    .flatten()
+                    .map(|q| q.awaiting_read.len())
+                    .sum::<usize>(),
         }
     }
 }
@@ -782,9 +795,6 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
         // Each serve loop only when its queue has waiters: an idle turn stays a CQ poll.
         if !self.need_buffer.iter().all(WaitQueue::is_empty) {
             work += self.serve_buffers(core);
-        }
-        if !self.need_read.is_empty() {
-            work += self.serve_reads(core);
         }
         if !self.need_send.is_empty() {
             work += self.serve_sends(core);
@@ -894,7 +904,13 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
                     "requests": st.requests,
                     "request_latency": st.request_latency,
                     "pending_free_request": 0,
-                    "pending_rdma_read": waiting(&self.need_read),
+                    "pending_rdma_read": self
+                        .qpairs
+                        .iter()
+                        .flatten()
+                        .filter(|qp| qp.dev == d)
+                        .map(|qp| qp.awaiting_read.len())
+                        .sum::<usize>(),
                     "pending_rdma_write": 0,
                     "pending_rdma_send": waiting(&self.need_send),
                     "total_send_wrs": st.total_send_wrs,

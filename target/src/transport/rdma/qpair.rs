@@ -43,6 +43,11 @@ pub(super) struct Qpair<V: Verbs> {
     /// Requests whose RDMA READ waits, credit and send queue room reserved, for this
     /// turn's post (`read_batch`). Capacity for every slot.
     pub reads: Vec<u32>,
+    /// Requests waiting for a read credit (the host's responder resources bound the READs in
+    /// flight) or send queue room, oldest first. Per qpair, as both limits are: a completion
+    /// that frees either serves this qpair's front at once, and a turn never looks at a
+    /// queue that cannot move (SPDK's `pending_rdma_read_queue`). Capacity for every slot.
+    pub awaiting_read: VecDeque<u32>,
     /// Requests whose SENDs went unsignaled (all but the last of a chain), in posting order:
     /// a chain's last request frees the `covers` oldest of them when its SEND completes.
     /// Capacity for every slot, so pushing never allocates.

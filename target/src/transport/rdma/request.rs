@@ -3,10 +3,10 @@
 //! (keyed SGL or in-capsule), the capsule buffer, timestamps and the buffer class it holds;
 //! plus the work request ids and core tags that name it.
 //!
-//! The RDMA transport's steps (`steps.rs`) wait in the poll group's FIFOs: `NeedBuffer` for
-//! the data buffer pool (per class, within the qpair's share), `NeedRead` for a free RDMA
-//! READ slot (the initiator depth the host granted) and send queue room, `NeedSend` for send
-//! queue room. A response with data to the host goes out as RDMA WRITE + SEND; the WRITE is
+//! The RDMA transport's steps (`steps.rs`) wait in FIFOs: `NeedBuffer` in the poll group's for
+//! the data buffer pool (per class, within the qpair's share), `NeedRead` in its qpair's for a
+//! free RDMA READ slot (the initiator depth the host granted) and send queue room, `NeedSend`
+//! in the poll group's for send queue room. A response with data to the host goes out as RDMA WRITE + SEND; the WRITE is
 //! unsignaled, its slot is reclaimed with the SEND's completion. `Batched` responses of a
 //! qpair go out in one chain per turn (SPDK's per-qpair send batching), one doorbell for many,
 //! and only the chain's last SEND is signaled: send queue completions come in order, so its

@@ -1,13 +1,14 @@
 //! The RDMA transport's part of the request driver (`core::driver`): where a request gets a
 //! data buffer, how the host's data comes in (copied from the capsule, or by RDMA READ), and
 //! how a response joins its qpair's batch; and the serve loops that retry requests waiting
-//! in the poll group's FIFOs for those resources.
+//! for those resources: in the poll group's FIFOs for data buffers and send queue room, in
+//! their qpair's for a read credit.
 
 use nvmf_common::rdma::Verbs;
 use nvmf_common::spec::Status;
 
 use super::poll_group::{class_index, RdmaPollGroup};
-use super::qpair::{release, try_queue, SendOutcome};
+use super::qpair::{release, try_queue, Qpair, SendOutcome};
 use super::read_batch::queue_read;
 use super::request::{HostData, State};
 use super::wait_queue::{WaitQueue, Waiter};
@@ -125,10 +126,12 @@ impl<V: Verbs> RequestTransport for RdmaPollGroup<V> {
                 FetchStep::Done
             }
             HostData::Keyed { .. } => {
-                let room = qp.reads_in_flight < qp.max_reads && qp.sq_used < qp.sq_capacity;
-                let behind = attempt == Attempt::Fresh && !self.need_read.is_empty();
-                if !room || behind {
-                    enqueue(&mut self.need_read, id, attempt);
+                let behind = attempt == Attempt::Fresh && !qp.awaiting_read.is_empty();
+                if !read_room(qp) || behind {
+                    match attempt {
+                        Attempt::Fresh => qp.awaiting_read.push_back(id.slot),
+                        Attempt::Retry => qp.awaiting_read.push_front(id.slot),
+                    }
                     return FetchStep::Wait;
                 }
                 // Posted with the qpair's other READs of this turn (one doorbell).
@@ -168,6 +171,11 @@ impl<V: Verbs> RequestTransport for RdmaPollGroup<V> {
     }
 }
 
+/// Whether the qpair may queue another RDMA READ: a read credit left and send queue room.
+fn read_room<V: Verbs>(qp: &Qpair<V>) -> bool {
+    qp.reads_in_flight < qp.max_reads && qp.sq_used < qp.sq_capacity
+}
+
 impl<V: Verbs> RdmaPollGroup<V> {
     /// Gives waiting requests data buffers, oldest first per class. A class whose pool is
     /// empty is left at once (its front request went back to the front).
@@ -186,20 +194,31 @@ impl<V: Verbs> RdmaPollGroup<V> {
         n
     }
 
-    /// Posts RDMA READs for waiting requests whose qpairs have read credits and send queue
-    /// room, oldest first; the others keep their place.
-    pub(super) fn serve_reads(&mut self, core: &mut CoreCtx) -> usize {
-        let (mut n, mut i) = (0, 0);
-        while let Some((w, qp)) = self.need_read.current_at(i, &mut self.qpairs) {
-            if qp.reads_in_flight >= qp.max_reads || qp.sq_used >= qp.sq_capacity {
-                i += 1;
-                continue;
+    /// Queues the READs of qpair `qi`'s waiting requests, oldest first, while its read
+    /// credits and send queue room last. Called when a completion gave some back.
+    pub(super) fn serve_reads(&mut self, qi: usize, core: &mut CoreCtx) {
+        loop {
+            let Some(qp) = self.qpairs[qi].as_mut().filter(|q| q.closing.is_none()) else {
+                return;
+            };
+            if !read_room(qp) {
+                return;
             }
-            self.need_read.remove(i);
-            driver::process(self, core, w, Attempt::Retry);
-            n += 1;
+            let Some(slot) = qp.awaiting_read.pop_front() else {
+                return;
+            };
+            let gen = qp.gen;
+            driver::process(
+                self,
+                core,
+                Waiter {
+                    qpair: qi,
+                    gen,
+                    slot,
+                },
+                Attempt::Retry,
+            );
         }
-        n
     }
 
     /// Batches waiting responses, oldest first, until a send queue is full.

@@ -1,5 +1,5 @@
-//! The poll group's FIFOs of requests waiting for a resource (data buffer, RDMA READ slot, send
-//! queue room).
+//! The poll group's FIFOs of requests waiting for a resource shared by its qpairs (data buffer,
+//! send queue room). A wait for a READ credit is its qpair's alone (`Qpair::awaiting_read`).
 //!
 //! An entry can outlive what it names: closing a qpair frees its requests but leaves their
 //! entries queued, and once the qpair is reaped its index may go to a new connection with fewer
