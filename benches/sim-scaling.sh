@@ -10,7 +10,7 @@
 # Writes build/sim-scaling.md (and prints it); per run, build/sim-scaling/NAME.{log,callgrind,
 # attrib.txt}. Knobs (environment): SIM_CONNS, SIM_REACTORS, SIM_OPS, SIM_SEPARATE_FROM (the
 # smallest connection count also run with separate namespaces), SIM_TAG, and the example's own
-# (SIM_QUEUES_PER_CTRL, SIM_DEPTH, SIM_OUTSTANDING, SIM_QUANTUM_NS, SIM_WARMUP_ROUNDS, SIM_SHARED_BUFFERS; see
+# (SIM_QUEUES_PER_CTRL, SIM_DEPTH, SIM_OUTSTANDING, SIM_QUANTUM_NS, SIM_WARMUP_ROUNDS, SIM_SHARED_BUFFERS, SIM_IDLE_NAMESPACES; see
 # benches/examples/sim_ops.rs).
 #
 # Method. Each run is `sim_ops OP CONNS REACTORS IOS MODE` (set-up, warm-up rounds of 2,048

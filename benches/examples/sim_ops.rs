@@ -25,6 +25,8 @@
 //! each controller (each group of `SIM_QUEUES_PER_CTRL` I/O queues, i.e. each host) its own
 //! null bdev and namespace, all in the one subsystem, so a reactor holds one bdev channel per
 //! controller. With a single controller (up to 16 I/O queues) the two modes are the same.
+//! `SIM_IDLE_NAMESPACES` adds that many null namespaces no connection uses (a target
+//! exporting many volumes to hosts that are quiet).
 //!
 //! # Measured phase
 //!
@@ -190,7 +192,10 @@ fn main() {
     lab.target
         .remove_namespace(SUBNQN, 1)
         .expect("Malloc0 namespace");
-    let namespaces = if separate { ctrls } else { 1 };
+    // SIM_IDLE_NAMESPACES more that no connection uses: what namespaces without I/O cost
+    // the ones with it.
+    let idle_namespaces: usize = env_or("SIM_IDLE_NAMESPACES", 0usize);
+    let namespaces = if separate { ctrls } else { 1 } + idle_namespaces;
     for i in 0..namespaces {
         let name = format!("Null{i}");
         let bdev = NullBdev::new(name.clone(), NULL_BLOCKS, IO_LEN, None).expect("null bdev");

@@ -1,6 +1,7 @@
 //! What an idle reactor turn costs: it polls no bdev channel while none has I/O outstanding
 //! (a spinning reactor's empty turn grew with its namespaces), and a turn with I/O outstanding
-//! polls at once.
+//! polls at once, and only the channels with I/O out (a busy namespace's I/O does not pay for
+//! the quiet ones next to it).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -67,27 +68,83 @@ impl BdevChannel for CountingChannel {
     }
 }
 
-#[test]
-fn idle_turns_poll_no_bdev_channel_and_io_is_answered_at_once() {
-    let mut lab = SimLab::new(41);
+/// Adds a counting null bdev `name` as namespace `nsid`; returns its channels' poll count.
+fn counting_namespace(lab: &mut SimLab, name: &str, nsid: u32) -> Arc<AtomicUsize> {
     let polls = Arc::new(AtomicUsize::new(0));
     let bdev = CountingBdev {
-        inner: NullBdev::new("Count0", 4096, 512, None).unwrap(),
+        inner: NullBdev::new(name, 4096, 512, None).unwrap(),
         polls: Arc::clone(&polls),
     };
     lab.target.bdevs.register(Arc::new(bdev)).unwrap();
-    let nsid = lab
+    let added = lab
         .target
         .add_namespace(
             SUBNQN,
             NamespaceOptions {
-                bdev_name: "Count0".into(),
-                nsid: Some(2),
+                bdev_name: name.into(),
+                nsid: Some(nsid),
                 ..Default::default()
             },
         )
         .unwrap();
-    assert_eq!(nsid, 2);
+    assert_eq!(added, nsid);
+    polls
+}
+
+/// One read on namespace `nsid`, answered successfully.
+fn read_one(lab: &mut SimLab, q: &mut HostQueue, cid: u16, nsid: u32) {
+    q.submit(
+        Command::read(cid, nsid, u64::from(cid % 64), 1),
+        keyed(0, 512),
+    );
+    let mut turns = 0;
+    let c = loop {
+        if let Some(c) = q.poll().into_iter().next() {
+            break c;
+        }
+        lab.turn();
+        turns += 1;
+        assert!(turns < 1_000, "read {cid} never answered");
+    };
+    assert!(c.status().is_success(), "{c:?}");
+    assert_eq!(c.cid.get(), cid);
+}
+
+#[test]
+fn io_on_one_namespace_polls_no_other_namespaces_channel() {
+    let mut lab = SimLab::new(42);
+    let busy = counting_namespace(&mut lab, "Busy", 2);
+    let quiet: Vec<_> = (3..11)
+        .map(|nsid| counting_namespace(&mut lab, &format!("Quiet{nsid}"), nsid))
+        .collect();
+    let host = lab.fabric.add_host(host_ip(1));
+    let (_admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut q = io_queue_qid(&mut lab, &host, cntlid, 1, 16, 8192);
+    for cid in 1..=50u16 {
+        read_one(&mut lab, &mut q, cid, 2);
+    }
+    assert!(
+        busy.load(Ordering::Relaxed) >= 50,
+        "the busy channel polled"
+    );
+    for (i, polls) in quiet.iter().enumerate() {
+        assert_eq!(
+            polls.load(Ordering::Relaxed),
+            0,
+            "quiet namespace {} polled for another's I/O",
+            i + 3
+        );
+    }
+    // A quiet one that gets I/O is polled for it, and answered, like any other.
+    read_one(&mut lab, &mut q, 60, 7);
+    assert!(quiet[4].load(Ordering::Relaxed) > 0);
+    assert_eq!(quiet[3].load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn idle_turns_poll_no_bdev_channel_and_io_is_answered_at_once() {
+    let mut lab = SimLab::new(41);
+    let polls = counting_namespace(&mut lab, "Count0", 2);
     let host = lab.fabric.add_host(host_ip(1));
     let (_admin, cntlid) = admin_queue(&mut lab, &host);
     let mut q = io_queue_qid(&mut lab, &host, cntlid, 1, 16, 8192);
@@ -123,4 +180,57 @@ fn idle_turns_poll_no_bdev_channel_and_io_is_answered_at_once() {
         before,
         "polled after the reads"
     );
+}
+
+/// A namespace removed while its I/O is out is still polled until that I/O is answered (its
+/// channel drains), and the namespace that takes its NSID next is served as any other.
+#[test]
+fn a_namespace_removed_with_io_out_drains_and_its_successor_is_served() {
+    use nvmf_target::bdev::DelayBdev;
+    let mut lab = SimLab::new(43);
+    let base: nvmf_target::bdev::BdevRef =
+        Arc::new(NullBdev::new("Base", 4096, 512, None).unwrap());
+    lab.target.bdevs.register(Arc::clone(&base)).unwrap();
+    // 30 ms (real time) per read: the reads are still out when the namespace goes.
+    let slow = DelayBdev::new("Slow", base, None, 30_000, 30_000, 0, 0);
+    lab.target.bdevs.register(Arc::new(slow)).unwrap();
+    lab.target
+        .add_namespace(
+            SUBNQN,
+            NamespaceOptions {
+                bdev_name: "Slow".into(),
+                nsid: Some(2),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let host = lab.fabric.add_host(host_ip(1));
+    let (_admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut q = io_queue_qid(&mut lab, &host, cntlid, 1, 16, 8192);
+    let in_use = lab.resources(0).requests_in_use;
+    for cid in 1..=4u16 {
+        q.submit(Command::read(cid, 2, u64::from(cid), 1), keyed(0, 512));
+    }
+    lab.turns(20);
+    assert!(q.poll().is_empty(), "answered before the delay");
+    lab.target.remove_namespace(SUBNQN, 2).unwrap();
+    let start = std::time::Instant::now();
+    let mut answered = 0;
+    while answered < 4 {
+        for c in q.poll() {
+            assert!(c.status().is_success(), "{c:?}");
+            answered += 1;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "{answered} of 4 reads answered after their namespace was removed"
+        );
+        lab.turn();
+    }
+    let polls = counting_namespace(&mut lab, "Next", 2);
+    lab.turns(4);
+    read_one(&mut lab, &mut q, 20, 2);
+    assert!(polls.load(Ordering::Relaxed) > 0);
+    // No request of the drained reads is left holding a slot.
+    assert!(lab.resources(0).requests_in_use <= in_use);
 }

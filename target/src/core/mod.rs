@@ -152,6 +152,11 @@ pub struct CoreCtx {
     pub(crate) controllers: FxHashMap<(SubsystemId, u16), ControllerLocal>,
     /// The namespaces this reactor has channels to, found by a request's [`NsSlot`].
     ns_table: NamespaceTable,
+    /// The namespaces with I/O out (`GroupNamespace::out` above zero): the only channels a
+    /// turn polls, so namespaces without I/O cost a busy one nothing (polling every channel
+    /// made one host's I/O cost grow with the volumes others had exported to them). Capacity
+    /// for every namespace of the table, so pushing never allocates.
+    busy_namespaces: Vec<NsSlot>,
     /// Namespaces removed while I/O was in flight: polled until drained, then dropped.
     draining: Vec<GroupNamespace>,
     /// I/O handed to a channel (or its retry queue) and not yet reported done. A turn with
@@ -203,6 +208,7 @@ impl CoreCtx {
             referrals: Arc::new(Vec::new()),
             controllers: FxHashMap::default(),
             ns_table: NamespaceTable::default(),
+            busy_namespaces: Vec::new(),
             draining: Vec::new(),
             bdev_io_outstanding: 0,
             wakeups: Vec::with_capacity(256),
@@ -343,6 +349,7 @@ impl CoreCtx {
                             channel,
                             retry: VecDeque::new(),
                             latency: NamespaceLatency::default(),
+                            out: 0,
                         }),
                         Err(e) => {
                             tracing::error!(
@@ -357,6 +364,11 @@ impl CoreCtx {
             };
             namespaces.insert(nsid, slot);
         }
+        // A slot per index, and a stale one per index of a namespace retired with I/O out
+        // (dropped at the next poll): room enough that submitting I/O does not grow the list.
+        let room = 2 * self.ns_table.indexes();
+        self.busy_namespaces
+            .reserve(room.saturating_sub(self.busy_namespaces.len()));
         let mut old_config = None;
         if let Some(old) = old {
             if old.config.nqn != config.nqn {
@@ -593,6 +605,7 @@ impl CoreCtx {
         self.after(q, req, exec)
     }
 
+    #[inline]
     fn after(&mut self, q: &QueueState, req: &Request, exec: Exec) -> Exec {
         if exec == Exec::Complete {
             if req.op.is_nvme_io() {
@@ -606,6 +619,8 @@ impl CoreCtx {
         exec
     }
 
+    #[cold]
+    #[inline(never)]
     fn note_error(&mut self, q: &QueueState, req: &Request, status: Status) {
         let Some(ctrl) = &q.ctrl else { return };
         let key = (ctrl.subsystem_id, ctrl.cntlid);
@@ -682,8 +697,21 @@ impl CoreCtx {
     fn poll_bdevs(&mut self) -> usize {
         let mut work = 0;
         let wakeups = &mut self.wakeups;
-        for gns in self.ns_table.iter_mut() {
-            work += poll_namespace(gns, wakeups);
+        let mut i = 0;
+        while i < self.busy_namespaces.len() {
+            // A namespace retired since its I/O went out is polled from `draining`.
+            let Some(gns) = self.ns_table.get_mut(self.busy_namespaces[i]) else {
+                self.busy_namespaces.swap_remove(i);
+                continue;
+            };
+            let done = poll_namespace(gns, wakeups);
+            work += done;
+            gns.out = gns.out.saturating_sub(done as u32);
+            if gns.out == 0 {
+                self.busy_namespaces.swap_remove(i);
+            } else {
+                i += 1;
+            }
         }
         for gns in &mut self.draining {
             work += poll_namespace(gns, wakeups);
@@ -818,6 +846,10 @@ impl CoreCtx {
             .get_mut(slot)
             .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
         self.bdev_io_outstanding += 1;
+        if gns.out == 0 {
+            self.busy_namespaces.push(slot);
+        }
+        gns.out += 1;
         if !gns.retry.is_empty() {
             gns.retry.push_back(io);
             self.stats.pending_bdev_io += 1;

@@ -24,6 +24,9 @@ pub(crate) struct GroupNamespace {
     pub retry: VecDeque<BdevIo>,
     /// This reactor's read and write latencies on the namespace.
     pub latency: NamespaceLatency,
+    /// I/O submitted to it (in the channel or in `retry`) and not yet completed. While it is
+    /// above zero the namespace is on its core's list of channels to poll.
+    pub out: u32,
 }
 
 /// Where a request's namespace sits in its reactor's [`NamespaceTable`]. The default names
@@ -104,8 +107,10 @@ impl<T> NamespaceTable<T> {
         self.entries.iter().filter_map(|e| e.ns.as_ref())
     }
 
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.entries.iter_mut().filter_map(|e| e.ns.as_mut())
+    /// Indexes the table has handed out (live or free): a bound on the namespaces a list of
+    /// slots can hold, one per index.
+    pub fn indexes(&self) -> usize {
+        self.entries.len()
     }
 }
 
