@@ -173,6 +173,9 @@ impl PollGroup {
         while self.core.has_wakeups() {
             work += self.dispatch_wakeups();
         }
+        for t in &mut self.transports {
+            t.flush();
+        }
         work
     }
 

@@ -174,6 +174,11 @@ pub trait TransportPollGroup {
     /// The core finished waiting for the request `tag` (issued by this group).
     fn resume(&mut self, tag: ReqTag, wakeup: Wakeup, core: &mut CoreCtx);
 
+    /// The end of a reactor turn: after this group's poll, the bdevs' completions and the
+    /// wakeups they made. Work queued anywhere in the turn goes out now, together (one
+    /// doorbell per connection and turn where the transport batches).
+    fn flush(&mut self) {}
+
     /// Connected (or connecting) queue pairs, for load balancing.
     fn qpair_count(&self) -> usize;
 

@@ -129,6 +129,8 @@ impl Default for SimConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SimStats {
     pub post_send_calls: u64,
+    /// Post calls whose chain carried both RDMA READs and SENDs.
+    pub read_and_send_posts: u64,
     pub send_wrs: u64,
     /// Own-RQ and SRQ post calls.
     pub post_recv_calls: u64,

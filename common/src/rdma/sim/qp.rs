@@ -57,11 +57,17 @@ impl FabricState {
             ));
         }
         validate_send(max_inline, wrs, |b| check_bind(b).map(drop))?;
+        let count = |f: fn(&SendOp) -> bool| wrs.iter().filter(|wr| f(&wr.op)).count();
+        let reads = count(|op| matches!(op, SendOp::RdmaRead { .. }));
+        let sends = count(|op| matches!(op, SendOp::Send | SendOp::SendWithInvalidate { .. }));
+        if reads > 0 && sends > 0 {
+            self.stats.read_and_send_posts += 1;
+        }
         let fail_at = fault.map(|f| (f.index.min(wrs.len().saturating_sub(1)), f.errno));
         let res = self.enqueue_sends(qp, wrs, fail_at);
         self.trace(|| {
             format!(
-                "post_send qp={num} n={} -> {}",
+                "post_send qp={num} n={} reads={reads} sends={sends} -> {}",
                 wrs.len(),
                 match &res {
                     Ok(()) => "ok".to_string(),

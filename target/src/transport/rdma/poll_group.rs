@@ -5,6 +5,7 @@ use nvmf_common::buffer::BufClass;
 use nvmf_common::rdma::{
     AccessFlags, AsyncEvent, AsyncEventKind, CmEventKind, CmIdToken, ConnParams, DmaBuf, QpCaps,
     RealVerbs, SendWr, Verbs, VerbsCmId, VerbsContext, VerbsCq, VerbsQp, WcStatus, WorkCompletion,
+    MAX_CHAIN,
 };
 use nvmf_common::reactor::WaitSet;
 use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmRejectStatus};
@@ -547,8 +548,9 @@ impl<V: Verbs> RdmaPollGroup<V> {
         }
     }
 
-    /// Posts every qpair's queued RDMA READs and batched responses: a chain (one doorbell)
-    /// of each per qpair per turn, for whatever queued since the last flush.
+    /// Posts every qpair's queued RDMA READs and batched responses at the end of a turn:
+    /// one chain (one doorbell) per qpair, the READs leading the responses, unless they
+    /// are more than a chain holds.
     #[inline]
     fn flush_sends(&mut self) {
         // Checked here, inlined: most turns of a spinning reactor have nothing to flush, and
@@ -566,13 +568,21 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 continue;
             };
             let (mut doorbells, mut wrs) = (0, 0);
-            if !qp.reads.is_empty() {
-                (doorbells, wrs) = flush_reads(qi, qp);
-            }
             if !qp.batch.is_empty() {
-                let (d, w) = flush_batch(qi, qp, self.now_ms);
-                doorbells += d;
-                wrs += w;
+                // READs and responses together: the READs lead the responses' first chain
+                // (one doorbell) when they leave it room for a response.
+                if qp.reads.is_empty() {
+                    (doorbells, wrs) = flush_batch::<V, false>(qi, qp, self.now_ms);
+                } else if qp.reads.len() + 2 <= MAX_CHAIN {
+                    (doorbells, wrs) = flush_batch::<V, true>(qi, qp, self.now_ms);
+                } else {
+                    (doorbells, wrs) = flush_reads(qi, qp);
+                    let (d, w) = flush_batch::<V, false>(qi, qp, self.now_ms);
+                    doorbells += d;
+                    wrs += w;
+                }
+            } else if !qp.reads.is_empty() {
+                (doorbells, wrs) = flush_reads(qi, qp);
             }
             if doorbells == 0 {
                 continue;
@@ -786,8 +796,6 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
     fn poll(&mut self, core: &mut CoreCtx) -> usize {
         self.now_ms = core.now_ms();
         self.now_ns = core.now_ns();
-        // Responses that completed by wakeups after the last turn's flush.
-        self.flush_sends();
         let mut work = 0;
         for d in 0..self.devices.len() {
             work += self.poll_device(d, core);
@@ -799,7 +807,6 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
         if !self.need_send.is_empty() {
             work += self.serve_sends(core);
         }
-        self.flush_sends();
         let tick = core.is_tick();
         if tick {
             self.reap(core);
@@ -820,6 +827,13 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
     fn resume(&mut self, tag: ReqTag, wakeup: Wakeup, core: &mut CoreCtx) {
         let (gen, qpair, slot) = parse_tag_slot(tag.slot());
         driver::resume(self, core, Waiter { qpair, gen, slot }, wakeup);
+    }
+
+    /// Posts what the turn queued: READs of host data and responses, including those the
+    /// bdevs' completions made after this group's poll.
+    #[inline]
+    fn flush(&mut self) {
+        self.flush_sends();
     }
 
     fn qpair_count(&self) -> usize {

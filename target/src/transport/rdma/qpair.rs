@@ -9,6 +9,7 @@ use nvmf_common::rdma::{
 use smallvec::SmallVec;
 use zerocopy::IntoBytes;
 
+use super::read_batch::{read_wr, settle_read};
 use super::request::{wr_id, HostData, RdmaRequest, State, WrKind, MAX_QPAIRS};
 use super::wait_queue::{RequestSlots, WaitQueue, Waiter};
 use crate::core::queue::QueueState;
@@ -298,16 +299,27 @@ pub(super) fn fate_in_failed_chain(
 }
 
 /// Posts the qpair's batched responses, at most [`MAX_CHAIN`] work requests per post (one
-/// doorbell each). On a failed post the qpair is marked broken, and each request of that
-/// chain and every later one meets its [`Fate`]. Returns (doorbells, work requests posted).
-pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -> (u32, u32) {
+/// doorbell each). With `LEAD_READS`, the qpair's queued READs (`read_batch`, fewer than
+/// `MAX_CHAIN - 1`) lead the first chain: a turn with both READs and responses on a qpair
+/// rings once. (A constant, so the responses-only version, the common one, carries no READ
+/// code.) On a failed post the qpair is marked broken, and each request of that chain and
+/// every later one meets its [`Fate`]. Returns (doorbells, work requests posted).
+pub(super) fn flush_batch<V: Verbs, const LEAD_READS: bool>(
+    qi: usize,
+    qp: &mut Qpair<V>,
+    now_ms: u64,
+) -> (u32, u32) {
+    let lead = if LEAD_READS { qp.reads.len() } else { 0 };
+    debug_assert!(lead + 2 <= MAX_CHAIN);
     let (mut doorbells, mut posted) = (0u32, 0u32);
     let mut next = 0;
+    // READs leading the chain being built: `lead` in the first, none after.
+    let mut reads = lead;
     while next < qp.batch.len() {
-        // One chain: whole requests while they fit.
+        // One chain: whole responses while they fit after the READs.
         let mut slots = [0u32; MAX_CHAIN];
         let mut counts = [0u32; MAX_CHAIN];
-        let (mut n_req, mut n_wr) = (0usize, 0u32);
+        let (mut n_req, mut n_wr) = (0usize, reads as u32);
         while next < qp.batch.len() {
             let si = qp.batch[next];
             let w = wrs_of(&qp.requests[si as usize]);
@@ -335,8 +347,15 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
             }
             data_sges.push([r.data_source_sge().unwrap_or_default()]);
         }
+        let mut read_sges: SmallVec<[[Sge; 1]; MAX_CHAIN]> = SmallVec::new();
+        for &si in &qp.reads[..reads] {
+            read_sges.push([qp.requests[si as usize].data_sge().unwrap_or_default()]);
+        }
         let (gen, send_with_invalidate) = (qp.gen, qp.send_with_invalidate);
         let mut chain: SmallVec<[SendWr<'_>; MAX_CHAIN]> = SmallVec::new();
+        for (j, &si) in qp.reads[..reads].iter().enumerate() {
+            chain.extend(read_wr(qp, qi, si, &read_sges[j]));
+        }
         for (j, &count) in counts[..n_req].iter().enumerate() {
             let si = slots[j];
             let host = qp.requests[si as usize].host;
@@ -374,6 +393,7 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
         doorbells += 1;
         match result {
             Ok(()) => {
+                // The READs were `Reading` already, their credit and room reserved.
                 posted += n_wr;
                 for (j, &si) in slots[..n_req].iter().enumerate() {
                     let r = &mut qp.requests[si as usize];
@@ -389,40 +409,80 @@ pub(super) fn flush_batch<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -
                 }
             }
             Err(e) => {
-                tracing::warn!(peer = %qp.state.peer, "posting responses failed: {e}; closing qpair");
-                qp.broken = true;
-                for j in 0..n_req {
-                    let r = &mut qp.requests[slots[j] as usize];
-                    match fate_after_failed_post(&counts[..n_req], j, &e) {
-                        // The chain's signaled SEND did not go: no completion will come for
-                        // the unsignaled ones that did, so they keep what the NIC may read
-                        // until the QP is destroyed.
-                        Fate::Posted if j + 1 < n_req => r.state = State::Abandoned,
-                        Fate::Posted => {
-                            r.state = State::Sending;
-                            r.posted_ms = now_ms;
-                            r.covers = 0;
-                            qp.signaled += 1;
-                        }
-                        Fate::Hold => r.state = State::Abandoned,
-                        Fate::Release => {
-                            qp.sq_used -= counts[j];
-                            release(&mut qp.acct, r);
-                        }
-                    }
-                }
-                // Nothing after the failed chain is posted.
-                for &si in &qp.batch[next..] {
-                    let r = &mut qp.requests[si as usize];
-                    qp.sq_used -= wrs_of(r);
-                    release(&mut qp.acct, r);
-                }
+                let responses = Responses {
+                    slots: &slots[..n_req],
+                    counts: &counts[..n_req],
+                };
+                settle_failed_chain(qp, reads, &responses, next, &e, now_ms);
                 break;
             }
         }
+        reads = 0;
     }
     qp.batch.clear();
+    if lead > 0 {
+        qp.reads.clear();
+    }
     (doorbells, posted)
+}
+
+/// The responses of a chain: their slots and work request counts, in chain order.
+struct Responses<'a> {
+    slots: &'a [u32],
+    counts: &'a [u32],
+}
+
+/// The qpair is broken: the chain of the qpair's first `reads` queued READs and then
+/// `responses` failed to post with `err`. Each of its requests meets its [`Fate`], and every
+/// response batched after it (from `next` on) is released unposted.
+#[cold]
+#[inline(never)]
+fn settle_failed_chain<V: Verbs>(
+    qp: &mut Qpair<V>,
+    reads: usize,
+    responses: &Responses<'_>,
+    next: usize,
+    err: &RdmaError,
+    now_ms: u64,
+) {
+    tracing::warn!(peer = %qp.state.peer, "posting responses failed: {err}; closing qpair");
+    qp.broken = true;
+    // Work requests per request of the whole chain: one per READ, then the responses'.
+    let mut counts = [1u32; MAX_CHAIN];
+    let n = reads + responses.slots.len();
+    counts[reads..n].copy_from_slice(responses.counts);
+    let counts = &counts[..n];
+    for j in 0..reads {
+        let fate = fate_in_failed_chain(counts, j, err, true);
+        settle_read(qp, qp.reads[j], fate);
+    }
+    for (k, &si) in responses.slots.iter().enumerate() {
+        let j = reads + k;
+        let r = &mut qp.requests[si as usize];
+        match fate_after_failed_post(counts, j, err) {
+            // The chain's signaled SEND did not go: no completion will come for the
+            // unsignaled ones that did, so they keep what the NIC may read until the QP is
+            // destroyed.
+            Fate::Posted if j + 1 < n => r.state = State::Abandoned,
+            Fate::Posted => {
+                r.state = State::Sending;
+                r.posted_ms = now_ms;
+                r.covers = 0;
+                qp.signaled += 1;
+            }
+            Fate::Hold => r.state = State::Abandoned,
+            Fate::Release => {
+                qp.sq_used -= counts[j];
+                release(&mut qp.acct, r);
+            }
+        }
+    }
+    // Nothing after the failed chain is posted.
+    for &si in &qp.batch[next..] {
+        let r = &mut qp.requests[si as usize];
+        qp.sq_used -= wrs_of(r);
+        release(&mut qp.acct, r);
+    }
 }
 
 #[cfg(test)]

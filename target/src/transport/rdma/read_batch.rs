@@ -1,9 +1,10 @@
 //! RDMA READs of host data, batched per qpair and turn as responses are: a request whose
 //! keyed data must be fetched reserves its read credit and send queue room at once and joins
-//! its qpair's read list; the poll group posts the list as one chain (one doorbell) when it
-//! flushes the turn's work. A host writing at queue depth then costs a READ doorbell per
-//! qpair and turn, not one per command (on soft-RoCE every doorbell is a system call that
-//! builds the packets).
+//! its qpair's read list; the poll group posts the list when it flushes the turn's work, at
+//! the head of the qpair's response chain (`qpair::flush_batch`), or as a chain of its own
+//! when there are no responses or too many READs. A host writing at queue depth then costs
+//! one doorbell per qpair and turn, not one per command (on soft-RoCE every doorbell is a
+//! system call that builds the packets).
 
 use nvmf_common::rdma::{RdmaError, SendWr, Sge, Verbs, VerbsQp, MAX_CHAIN};
 use smallvec::SmallVec;
@@ -78,7 +79,7 @@ pub(super) fn flush_reads<V: Verbs>(qi: usize, qp: &mut Qpair<V>) -> (u32, u32) 
 
 /// The RDMA READ of request `si`'s keyed data into `sge` (only keyed requests are queued).
 #[inline]
-fn read_wr<'a, V: Verbs>(
+pub(super) fn read_wr<'a, V: Verbs>(
     qp: &Qpair<V>,
     qi: usize,
     si: u32,
@@ -101,19 +102,26 @@ fn read_wr<'a, V: Verbs>(
 fn settle_failed<V: Verbs>(qp: &mut Qpair<V>, next: usize, end: usize, err: &RdmaError) {
     let ones = [1u32; MAX_CHAIN];
     for k in next..qp.reads.len() {
-        let si = qp.reads[k] as usize;
         let fate = if k < end {
             read_fate(&ones[..end - next], k - next, err)
         } else {
             Fate::Release
         };
-        match fate {
-            Fate::Posted => {}
-            Fate::Hold => qp.requests[si].state = State::Abandoned,
-            Fate::Release => {
-                unreserve(qp);
-                release(&mut qp.acct, &mut qp.requests[si]);
-            }
+        settle_read(qp, qp.reads[k], fate);
+    }
+}
+
+/// What a queued READ of request `si` becomes after a failed post: posted, it completes
+/// (flushed) as any other; perhaps posted, its buffer is held until the QP is destroyed;
+/// not posted, it gives back its credit and room and is released.
+pub(super) fn settle_read<V: Verbs>(qp: &mut Qpair<V>, si: u32, fate: Fate) {
+    let si = si as usize;
+    match fate {
+        Fate::Posted => {}
+        Fate::Hold => qp.requests[si].state = State::Abandoned,
+        Fate::Release => {
+            unreserve(qp);
+            release(&mut qp.acct, &mut qp.requests[si]);
         }
     }
 }
