@@ -266,6 +266,19 @@ impl SimLab {
             .expect("transport 0")
     }
 
+    /// Runs the fabric in 50 ms steps (virtual), at most `steps` of them, until reactor 0
+    /// holds `qpairs` qpairs (a closing queue is reaped at a housekeeping tick once its work
+    /// requests are back, or after the drain timeout). Returns whether it got there.
+    pub fn run_until_qpairs(&mut self, qpairs: usize, steps: usize) -> bool {
+        for _ in 0..steps {
+            if self.resources(0).qpairs == qpairs {
+                return true;
+            }
+            self.run_for(Duration::from_millis(50), Duration::from_millis(5));
+        }
+        self.resources(0).qpairs == qpairs
+    }
+
     /// What reactor `i`'s housekeeping ticks have looked at so far.
     pub fn housekeeping(&self, i: usize) -> Housekeeping {
         self.pgs[i].core.housekeeping

@@ -91,8 +91,8 @@ fn counting_namespace(lab: &mut SimLab, name: &str, nsid: u32) -> Arc<AtomicUsiz
     polls
 }
 
-/// One read on namespace `nsid`, answered successfully.
-fn read_one(lab: &mut SimLab, q: &mut HostQueue, cid: u16, nsid: u32) {
+/// One read on namespace `nsid`, answered successfully; returns the turns it took.
+fn read_one(lab: &mut SimLab, q: &mut HostQueue, cid: u16, nsid: u32) -> u32 {
     q.submit(
         Command::read(cid, nsid, u64::from(cid % 64), 1),
         keyed(0, 512),
@@ -108,6 +108,7 @@ fn read_one(lab: &mut SimLab, q: &mut HostQueue, cid: u16, nsid: u32) {
     };
     assert!(c.status().is_success(), "{c:?}");
     assert_eq!(c.cid.get(), cid);
+    turns
 }
 
 #[test]
@@ -158,18 +159,7 @@ fn idle_turns_poll_no_bdev_channel_and_io_is_answered_at_once() {
     // With a read outstanding the next turn polls the channel: each read is answered within
     // a few turns.
     for i in 0..16u16 {
-        q.submit(Command::read(100 + i, 2, u64::from(i), 1), keyed(0, 512));
-        let mut turns = 0;
-        let c = loop {
-            if let Some(c) = q.poll().into_iter().next() {
-                break c;
-            }
-            lab.turn();
-            turns += 1;
-            assert!(turns < 1_000, "read {i} never answered");
-        };
-        assert!(c.status().is_success(), "{c:?}");
-        assert_eq!(c.cid.get(), 100 + i);
+        let turns = read_one(&mut lab, &mut q, 100 + i, 2);
         assert!(turns <= 12, "read {i} answered after {turns} turns");
     }
     // And idle again: the count of outstanding I/O came back to zero.

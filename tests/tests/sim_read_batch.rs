@@ -149,6 +149,35 @@ fn a_read_chain_that_fails_leaks_nothing_and_harms_no_other_host() {
     }
 }
 
+/// Two hosts, each with an admin queue and a 32-deep I/O queue: `stingy` grants the target
+/// `credits` RDMA READs at a time, `other` 16.
+struct TwoHosts {
+    lab: SimLab,
+    stingy_admin: HostQueue,
+    stingy_io: HostQueue,
+    other_admin: HostQueue,
+    other_io: HostQueue,
+}
+
+fn two_hosts(seed: u64, credits: u8) -> TwoHosts {
+    let mut lab = SimLab::new(seed);
+    let stingy = lab.fabric.add_host(host_ip(1));
+    let other = lab.fabric.add_host(host_ip(2));
+    let (stingy_admin, stingy_cntlid) = admin_queue(&mut lab, &stingy);
+    let (other_admin, other_cntlid) = admin_queue(&mut lab, &other);
+    let other_io = io_queue(&mut lab, &other, other_cntlid, 32, 32 * 4096);
+    lab.host_read_credits = credits;
+    let stingy_io = io_queue(&mut lab, &stingy, stingy_cntlid, 32, 32 * 4096);
+    lab.run_for(Duration::from_millis(1), Duration::from_micros(100));
+    TwoHosts {
+        lab,
+        stingy_admin,
+        stingy_io,
+        other_admin,
+        other_io,
+    }
+}
+
 /// A host whose NIC serves 2 RDMA READs at a time (its responder resources) writes 16 blocks
 /// at once while another host, with 16 READ credits, does the same. The stingy host's writes
 /// wait for credits on its own queue (`pending_rdma_read` shows them) and are fetched two at a
@@ -156,15 +185,13 @@ fn a_read_chain_that_fails_leaks_nothing_and_harms_no_other_host() {
 /// block of both lands intact and nothing is left waiting.
 #[test]
 fn writes_past_a_hosts_read_credits_wait_on_its_queue_alone_and_land_intact() {
-    let mut lab = SimLab::new(33);
-    let stingy = lab.fabric.add_host(host_ip(1));
-    let other = lab.fabric.add_host(host_ip(2));
-    let (mut stingy_admin, stingy_cntlid) = admin_queue(&mut lab, &stingy);
-    let (mut other_admin, other_cntlid) = admin_queue(&mut lab, &other);
-    let mut other_io = io_queue(&mut lab, &other, other_cntlid, 32, 32 * 4096);
-    lab.host_read_credits = 2;
-    let mut stingy_io = io_queue(&mut lab, &stingy, stingy_cntlid, 32, 32 * 4096);
-    lab.run_for(Duration::from_millis(1), Duration::from_micros(100));
+    let TwoHosts {
+        mut lab,
+        mut stingy_admin,
+        mut stingy_io,
+        mut other_admin,
+        mut other_io,
+    } = two_hosts(33, 2);
     write_burst_at(&mut stingy_io, 60, 0);
     write_burst_at(&mut other_io, 90, 1000);
     let (mut stingy_done, mut other_done) = (0u16, 0u16);
@@ -209,28 +236,19 @@ fn writes_past_a_hosts_read_credits_wait_on_its_queue_alone_and_land_intact() {
 /// requests are released with the queue, nothing leaks, and the other host goes on.
 #[test]
 fn a_host_that_vanishes_with_writes_waiting_for_read_credits_leaks_nothing() {
-    let mut lab = SimLab::new(34);
-    let stingy = lab.fabric.add_host(host_ip(1));
-    let other = lab.fabric.add_host(host_ip(2));
-    let (mut stingy_admin, stingy_cntlid) = admin_queue(&mut lab, &stingy);
-    let (mut other_admin, other_cntlid) = admin_queue(&mut lab, &other);
-    let mut other_io = io_queue(&mut lab, &other, other_cntlid, 32, 32 * 4096);
-    lab.host_read_credits = 1;
-    let mut stingy_io = io_queue(&mut lab, &stingy, stingy_cntlid, 32, 32 * 4096);
-    lab.run_for(Duration::from_millis(1), Duration::from_micros(100));
+    let TwoHosts {
+        mut lab,
+        mut stingy_admin,
+        mut stingy_io,
+        mut other_admin,
+        mut other_io,
+    } = two_hosts(34, 1);
     write_burst_at(&mut stingy_io, 5, 0);
     lab.until(10_000, |lab| device_stat(lab, "pending_rdma_read") >= 8);
     // Gone without a word: its QP and CM id are destroyed with READs waiting and in flight.
     drop(stingy_io);
-    for _ in 0..100 {
-        if lab.resources(0).qpairs == 3 {
-            break;
-        }
-        lab.run_for(Duration::from_millis(50), Duration::from_millis(5));
-    }
-    assert_eq!(
-        lab.resources(0).qpairs,
-        3,
+    assert!(
+        lab.run_until_qpairs(3, 100),
         "the vanished queue was not reaped"
     );
     assert_eq!(device_stat(&mut lab, "pending_rdma_read"), 0);
@@ -384,15 +402,8 @@ fn stream_with_failed_post(nth: u32, at: usize) -> Option<(usize, usize)> {
     // that unsettled work requests would cost; index 0 proves nothing, and there the timeout
     // may be needed. (The simulator fails a shorter chain at its last work request.)
     let steps = if at.min(wrs - 1) == 0 { 100 } else { 20 };
-    for _ in 0..steps {
-        if lab.resources(0).qpairs == 1 {
-            break;
-        }
-        lab.run_for(Duration::from_millis(50), Duration::from_millis(5));
-    }
-    assert_eq!(
-        lab.resources(0).qpairs,
-        1,
+    assert!(
+        lab.run_until_qpairs(1, steps),
         "post {nth} at {at}: the queue stayed"
     );
     drop(io);
