@@ -181,20 +181,20 @@ pub(crate) fn execute(
     // touches, per command. Visibility is checked again (no lookup: the slot): the namespace
     // may have been masked from this host, or detached, while the command's data was in
     // flight.
-    let hostnqn = &q.ctrl.as_ref().expect("I/O queues are connected").hostnqn;
-    let Some(ns) = core
-        .namespace(slot)
-        .filter(|g| g.config.ns_visible(&g.ns, hostnqn))
-        .map(|g| &g.ns)
+    let ctrl = q.ctrl.as_ref().expect("I/O queues are connected");
+    let Some(gns) = core
+        .namespace_mut(slot)
+        .filter(|g| g.config.ns_visible(&g.ns, &ctrl.hostnqn))
     else {
         return req.fail(Status::INVALID_NAMESPACE.with_dnr());
     };
     // Reservations are checked here, where the command is handed to the bdev, so a
-    // reservation change that completed before this point always applies. One lock-free load.
-    let host = &q.ctrl.as_ref().expect("I/O queues are connected").hostid;
-    if let Err(status) = ns.resv.check(host, cmd.access()) {
+    // reservation change that completed before this point always applies. This reactor's
+    // copy of the state, refreshed when the namespace's change counter moved.
+    if let Err(status) = gns.resv.check(&gns.ns.resv, &ctrl.hostid, cmd.access()) {
         return req.fail(status);
     }
+    let ns = &gns.ns;
     let io = |kind, offset_blocks, num_blocks, buf, fua| BdevIo {
         tag: req.tag.0,
         kind,

@@ -350,6 +350,7 @@ impl CoreCtx {
                             retry: VecDeque::new(),
                             latency: NamespaceLatency::default(),
                             out: 0,
+                            resv: ns.resv.view(),
                         }),
                         Err(e) => {
                             tracing::error!(
@@ -832,6 +833,10 @@ impl CoreCtx {
     #[inline]
     pub(crate) fn namespace(&self, slot: NsSlot) -> Option<&GroupNamespace> {
         self.ns_table.get(slot)
+    }
+
+    pub(crate) fn namespace_mut(&mut self, slot: NsSlot) -> Option<&mut GroupNamespace> {
+        self.ns_table.get_mut(slot)
     }
 
     /// The entry of namespace `nsid` of subsystem `sid`, whoever sees it.

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crate::bdev::{BdevChannel, BdevIo};
 use crate::core::latency::NamespaceLatency;
+use crate::core::reservation::ResvView;
 use crate::core::subsystem::{Namespace, SubsystemConfig};
 
 /// A namespace as one reactor serves it: the shared description plus this reactor's channel.
@@ -27,6 +28,8 @@ pub(crate) struct GroupNamespace {
     /// I/O submitted to it (in the channel or in `retry`) and not yet completed. While it is
     /// above zero the namespace is on its core's list of channels to poll.
     pub out: u32,
+    /// The reservation state this reactor checks its I/O against.
+    pub resv: ResvView,
 }
 
 /// Where a request's namespace sits in its reactor's [`NamespaceTable`]. The default names

@@ -207,17 +207,17 @@ impl PollGroup {
         self.core.observe_clock(now);
     }
 
+    /// Hands the core's wakeups to their transports, oldest first. Those the transports'
+    /// `resume` makes go to the core's fresh list, for the caller's next round.
     fn dispatch_wakeups(&mut self) -> usize {
-        let mut batch = std::mem::take(&mut self.spare_wakeups);
-        self.core.take_wakeups(&mut batch);
-        let n = batch.len();
-        for (tag, wakeup) in batch.drain(..) {
+        self.core.take_wakeups(&mut self.spare_wakeups);
+        let n = self.spare_wakeups.len();
+        for (tag, wakeup) in self.spare_wakeups.drain(..) {
             match self.transports.get_mut(tag.transport_group()) {
                 Some(t) => t.resume(tag, wakeup, &mut self.core),
                 None => tracing::error!(?tag, "wakeup for an unknown transport poll group"),
             }
         }
-        self.spare_wakeups = batch;
         n
     }
 

@@ -502,6 +502,43 @@ fn temp_dir(name: &str) -> PathBuf {
 
 const BDEV: [u8; 16] = [0x42; 16];
 
+/// A reactor's view taken before a change sees the change at its next check (it loads the
+/// state again only then), and keeps seeing it; a view taken later starts from it.
+#[test]
+fn a_reactor_view_follows_every_change_of_the_namespace() {
+    let resv = NsReservation::new(BDEV, None).unwrap();
+    let mut early = resv.view();
+    assert!(early.check(&resv, &B, Access::Write).is_ok());
+    resv.update(|s| {
+        register(s, &A, 1);
+        acquire(s, &A, 1, T::WRITE_EXCLUSIVE);
+        Ok(vec![])
+    })
+    .unwrap();
+    assert_eq!(early.check(&resv, &B, Access::Write), Err(CONFLICT));
+    assert!(early.check(&resv, &B, Access::Read).is_ok());
+    assert!(early.check(&resv, &A, Access::Write).is_ok());
+    let mut late = resv.view();
+    assert_eq!(late.check(&resv, &B, Access::Write), Err(CONFLICT));
+    // A change that changes nothing leaves the views as they are, and still right.
+    let _ = resv.update(|_| Ok(vec![]));
+    assert_eq!(early.check(&resv, &B, Access::Write), Err(CONFLICT));
+    resv.update(|s| {
+        s.release(
+            &A,
+            ReservationRelease {
+                action: ReleaseAction::RELEASE,
+                iekey: false,
+                rtype: T::WRITE_EXCLUSIVE,
+            },
+            1,
+        )
+    })
+    .unwrap();
+    assert!(early.check(&resv, &B, Access::Write).is_ok());
+    assert!(late.check(&resv, &B, Access::Write).is_ok());
+}
+
 #[test]
 fn ptpl_file_round_trip() {
     let dir = temp_dir("round-trip");
