@@ -26,6 +26,8 @@ use crate::core::PollGroupHandle;
 use crate::transport::options::TransportOptions;
 use crate::transport::{Transport, TransportError, TransportLimits, TransportPollGroup};
 
+mod completion;
+mod connection;
 mod device;
 mod poll_group;
 mod qpair;

@@ -1,0 +1,208 @@
+//! Work completions: what a RECV, SEND, READ or WRITE completion does to its request and
+//! qpair. Everything here runs inside a reactor turn, on the hot path.
+
+use nvmf_common::rdma::{Verbs, VerbsCq, WcStatus, WorkCompletion};
+use nvmf_common::spec::sgl::SglKind;
+
+use super::poll_group::{RdmaPollGroup, POLL_BATCH};
+use super::qpair::{release, wrs_of, SlotAccounts};
+use super::request::{parse_wr_id, HostData, RdmaRequest, State, WrKind, DRAIN_SLOT};
+use super::wait_queue::Waiter;
+use crate::core::driver;
+use crate::core::CoreCtx;
+
+impl<V: Verbs> RdmaPollGroup<V> {
+    pub(super) fn poll_device(&mut self, d: usize, core: &mut CoreCtx) -> usize {
+        let mut total = 0;
+        loop {
+            self.devices[d].stats.polls += 1;
+            let n = match self.devices[d].cq.poll(&mut self.wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.fail_device(
+                        d,
+                        &format!("polling the completion queue failed: {e}"),
+                        core,
+                    );
+                    return total;
+                }
+            };
+            let stats = &mut self.devices[d].stats;
+            stats.completions += n as u64;
+            if n == 0 && total == 0 {
+                stats.idle_polls += 1;
+            }
+            for i in 0..n {
+                let wc = self.wcs[i];
+                self.on_completion(d, &wc, core);
+            }
+            total += n;
+            if n < POLL_BATCH {
+                return total;
+            }
+        }
+    }
+
+    fn on_completion(&mut self, d: usize, wc: &WorkCompletion, core: &mut CoreCtx) {
+        let (kind, gen, qi, slot) = parse_wr_id(wc.wr_id());
+        if kind == WrKind::Recv {
+            return self.on_recv(d, slot, wc, core);
+        }
+        let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
+            return;
+        };
+        if qp.gen != gen {
+            return;
+        }
+        let ok = wc.status().is_success();
+        if !ok && wc.status() != WcStatus::WR_FLUSH_ERR && qp.closing.is_none() {
+            tracing::warn!(status = wc.status().as_str(), ?kind, peer = %qp.state.peer, "work request failed; closing qpair");
+        }
+        // A READ gives back its credit, a SEND its send queue room: requests of this qpair
+        // waiting for them go after it.
+        let freed = match kind {
+            // Unsignaled: only errors complete, and the SEND behind reports them too.
+            WrKind::Write | WrKind::Recv => false,
+            WrKind::Send => {
+                qp.signaled = qp.signaled.saturating_sub(1);
+                if slot == DRAIN_SLOT {
+                    qp.sq_used = qp.sq_used.saturating_sub(1);
+                    qp.drained = true;
+                } else if let Some(r) = qp.requests.get_mut(slot as usize) {
+                    if r.state == State::Sending {
+                        // This SEND ends its chain: the unsignaled ones before it are done.
+                        let covers = std::mem::take(&mut r.covers);
+                        let now = self.now_ns;
+                        let (mut wrs, mut latency) = sent(r, &mut qp.acct, now);
+                        for _ in 0..covers {
+                            let Some(s) = qp.unsignaled.pop_front() else {
+                                break;
+                            };
+                            let r = &mut qp.requests[s as usize];
+                            if r.state == State::Sending {
+                                let (w, l) = sent(r, &mut qp.acct, now);
+                                wrs += w;
+                                latency += l;
+                            }
+                        }
+                        qp.sq_used = qp.sq_used.saturating_sub(wrs);
+                        self.devices[d].stats.request_latency += latency;
+                        let share = &self.devices[d].share;
+                        qp.acct.unpark(share, qi, qp.gen, &mut self.need_buffer);
+                    }
+                }
+                !qp.awaiting_read.is_empty()
+            }
+            WrKind::Read => {
+                qp.signaled = qp.signaled.saturating_sub(1);
+                qp.sq_used = qp.sq_used.saturating_sub(1);
+                qp.reads_in_flight = qp.reads_in_flight.saturating_sub(1);
+                let id = Waiter {
+                    qpair: qi,
+                    gen,
+                    slot,
+                };
+                let waiting = !qp.awaiting_read.is_empty();
+                driver::data_arrived(self, core, id, ok);
+                waiting
+            }
+        };
+        if !ok {
+            self.start_close(qi, core);
+        } else if freed {
+            self.serve_reads(qi, core);
+        }
+    }
+
+    fn on_recv(&mut self, d: usize, recv: u32, wc: &WorkCompletion, core: &mut CoreCtx) {
+        let dev = &mut self.devices[d];
+        dev.received();
+        // The slot goes back on the SRQ at the end of this turn: with this capsule buffer if
+        // the command leaves it (`return_capsule`), else with a fresh one.
+        dev.repost(recv);
+        let capsule = dev.take_capsule(recv);
+        let qi = self.by_qp_num.get(&wc.qp_num()).copied();
+        let usable = wc.status().is_success()
+            && qi.is_some_and(|qi| {
+                self.qpairs[qi]
+                    .as_ref()
+                    .is_some_and(|q| q.closing.is_none())
+            });
+        let Some(qi) = qi.filter(|_| usable) else {
+            self.devices[d].return_capsule(recv, capsule);
+            return;
+        };
+        let len = wc.byte_len() as usize;
+        let qp = self.qpairs[qi].as_mut().expect("checked above");
+        let free = if len >= 64 { qp.acct.free.pop() } else { None };
+        let Some(si) = free else {
+            // A capsule shorter than an SQE, or more commands than the queue depth the host
+            // asked for: the host broke the protocol; drop the connection, not the target.
+            tracing::warn!(peer = %qp.state.peer, len, "malformed capsule or queue overrun; closing qpair");
+            self.devices[d].return_capsule(recv, capsule);
+            return self.start_close(qi, core);
+        };
+        let dev = &mut self.devices[d];
+        let cmd = dev.command(recv);
+        dev.stats.requests += 1;
+        let r = &mut qp.requests[si as usize];
+        debug_assert_eq!(r.state, State::Free);
+        r.received_ns = self.now_ns;
+        r.req.reset(cmd);
+        r.received_data = (len - 64) as u32;
+        r.host = match cmd.dptr.classify() {
+            SglKind::Keyed {
+                addr,
+                key,
+                invalidate,
+                ..
+            } => HostData::Keyed {
+                addr,
+                key,
+                invalidate,
+            },
+            SglKind::InCapsule { offset, len } => HostData::InCapsule {
+                offset: offset as u32,
+                len,
+            },
+            _ => HostData::None,
+        };
+        // In-capsule data stays in its capsule buffer until the request has a data buffer
+        // (or executes from the capsule buffer itself); any other capsule goes back to its
+        // receive slot now.
+        if matches!(r.host, HostData::InCapsule { .. }) {
+            r.capsule = capsule;
+        } else {
+            dev.return_capsule(recv, capsule);
+        }
+        let id = Waiter {
+            qpair: qi,
+            gen: qp.gen,
+            slot: si,
+        };
+        driver::start(self, core, id);
+        // Only a request still waiting for a data buffer needs its capsule's data. One that
+        // was refused, needs no data, or has its data copied gives the capsule back to its
+        // receive slot now, not when its response completes: a host that takes no responses
+        // must not hold the device's capsule buffers (every host's receives) with commands
+        // it sent in-capsule data for.
+        if let Some(qp) = self.qpairs[qi].as_mut() {
+            let r = &mut qp.requests[si as usize];
+            if r.state != State::NeedBuffer {
+                if let Some(capsule) = r.capsule.take() {
+                    self.devices[d].return_capsule(recv, Some(capsule));
+                }
+            }
+        }
+    }
+}
+
+/// A `Sending` request whose SEND is known complete: released. Returns the send queue slots
+/// its work requests held and its latency (capsule to now, ns).
+#[inline]
+fn sent(r: &mut RdmaRequest, acct: &mut SlotAccounts, now_ns: u64) -> (u32, u64) {
+    let wrs = wrs_of(r);
+    let latency = now_ns.saturating_sub(r.received_ns);
+    release(acct, r);
+    (wrs, latency)
+}
