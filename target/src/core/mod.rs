@@ -5,10 +5,11 @@
 //! per namespace), the admin-side state of the controllers whose admin queue it serves, and the
 //! wakeups it owes to pending requests. Nothing in it is shared with another reactor except
 //! through the atomics of [`controller::ControllerShared`] and the connect-path tables of
-//! [`subsystem::SubsystemShared`].
+//! [`subsystem::SubsystemShared`]. How the control plane's snapshots land on it is in
+//! `snapshot.rs`; the namespace table in `namespaces.rs`.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,7 +25,7 @@ use crate::core::latency::NamespaceLatency;
 use crate::core::namespaces::{GroupNamespace, NamespaceTable, NsSlot};
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Op, Prepared, ReqTag, Request, Wakeup};
-use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId, SubsystemKind};
+use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId};
 
 pub mod ana;
 pub mod controller;
@@ -36,6 +37,7 @@ pub mod poll_group;
 pub mod queue;
 pub mod request;
 pub mod reservation;
+mod snapshot;
 pub mod status;
 pub mod subsystem;
 pub mod transport;
@@ -316,212 +318,6 @@ impl CoreCtx {
 
     pub(crate) fn subsystem_configs(&self) -> impl Iterator<Item = &Arc<SubsystemConfig>> {
         self.subsystems.values().map(|s| &s.config)
-    }
-
-    /// Installs a new snapshot of a subsystem on this reactor: opens channels for namespaces
-    /// that appeared, drains the ones that went, and tells this reactor's controllers of the
-    /// subsystem which namespaces changed (Asynchronous Event, Changed Namespace List).
-    pub fn update_subsystem(&mut self, config: Arc<SubsystemConfig>) {
-        let id = config.id;
-        let mut old = self.subsystems.remove(&id);
-        let mut namespaces = FxHashMap::default();
-        let mut changed = Vec::new();
-        for (&nsid, ns) in &config.namespaces {
-            let table = &mut self.ns_table;
-            let kept = old.as_mut().and_then(|o| {
-                let slot = *o.namespaces.get(&nsid)?;
-                let same = table.get(slot).is_some_and(|g| Arc::ptr_eq(&g.ns, ns));
-                same.then(|| o.namespaces.remove(&nsid)).flatten()
-            });
-            let slot = match kept {
-                Some(slot) => {
-                    if let Some(g) = table.get_mut(slot) {
-                        g.config = Arc::clone(&config);
-                    }
-                    slot
-                }
-                None => {
-                    changed.push(nsid);
-                    match ns.bdev.open_channel() {
-                        Ok(channel) => table.insert(GroupNamespace {
-                            ns: Arc::clone(ns),
-                            config: Arc::clone(&config),
-                            channel,
-                            retry: VecDeque::new(),
-                            latency: NamespaceLatency::default(),
-                            out: 0,
-                            resv: ns.resv.view(),
-                        }),
-                        Err(e) => {
-                            tracing::error!(
-                                nsid,
-                                bdev = ns.bdev.name(),
-                                "cannot open bdev channel: {e}"
-                            );
-                            continue;
-                        }
-                    }
-                }
-            };
-            namespaces.insert(nsid, slot);
-        }
-        // A slot per index, and a stale one per index of a namespace retired with I/O out
-        // (dropped at the next poll): room enough that submitting I/O does not grow the list.
-        let room = 2 * self.ns_table.indexes();
-        self.busy_namespaces
-            .reserve(room.saturating_sub(self.busy_namespaces.len()));
-        let mut old_config = None;
-        if let Some(old) = old {
-            if old.config.nqn != config.nqn {
-                self.by_nqn.remove(&old.config.nqn);
-            }
-            for (nsid, gone) in old.namespaces {
-                changed.push(nsid);
-                self.retire_namespace(gone);
-            }
-            old_config = Some(old.config);
-        }
-        self.by_nqn.insert(config.nqn.clone(), id);
-        self.subsystems.insert(
-            id,
-            GroupSubsystem {
-                config: Arc::clone(&config),
-                namespaces,
-            },
-        );
-        self.notify_namespace_change(id, &changed, old_config.as_deref(), &config);
-        if let Some(old) = old_config.as_deref() {
-            self.notify_ana_change(old, &config);
-        }
-        self.notify_discovery_change();
-    }
-
-    /// Installs the target's discovery referrals; discovery controllers learn the log changed.
-    pub fn set_referrals(&mut self, referrals: Arc<Vec<Referral>>) {
-        self.referrals = referrals;
-        self.notify_discovery_change();
-    }
-
-    /// Discovery controllers that asked for it learn that the log may have changed.
-    fn notify_discovery_change(&mut self) {
-        let keys: Vec<_> = self
-            .controllers
-            .iter()
-            .filter(|(_, c)| c.shared.kind == SubsystemKind::Discovery)
-            .map(|(k, _)| *k)
-            .collect();
-        for key in keys {
-            cmd::admin::raise_discovery_notice(self, key);
-        }
-    }
-
-    /// Drops a subsystem from this reactor: its controllers fail (their queues disconnect),
-    /// its namespaces drain.
-    pub fn remove_subsystem(&mut self, id: SubsystemId) {
-        let Some(old) = self.subsystems.remove(&id) else {
-            return;
-        };
-        self.by_nqn.remove(&old.config.nqn);
-        for ctrl in old.config.shared.controllers() {
-            ctrl.fail();
-        }
-        for (_, gone) in old.namespaces {
-            self.retire_namespace(gone);
-        }
-        self.notify_discovery_change();
-    }
-
-    fn retire_namespace(&mut self, slot: NsSlot) {
-        let Some(gone) = self.ns_table.remove(slot) else {
-            return;
-        };
-        if gone.channel.in_flight() > 0 || !gone.retry.is_empty() {
-            self.draining.push(gone);
-        }
-    }
-
-    /// Tells each of this reactor's controllers of the subsystem about the namespaces that
-    /// changed for its host: those added, removed or replaced that it sees before or after,
-    /// and those whose visibility to its host changed (namespace masking). A controller
-    /// that sees no difference hears nothing, as SPDK notifies only controllers a change is
-    /// visible to.
-    fn notify_namespace_change(
-        &mut self,
-        id: SubsystemId,
-        replaced: &[u32],
-        old: Option<&SubsystemConfig>,
-        new: &SubsystemConfig,
-    ) {
-        let masking_changed = old.is_some_and(|o| o.ns_hosts != new.ns_hosts);
-        if replaced.is_empty() && !masking_changed {
-            return;
-        }
-        let keys: Vec<_> = self
-            .controllers
-            .keys()
-            .filter(|(sid, _)| *sid == id)
-            .copied()
-            .collect();
-        for key in keys {
-            let Some(ctrl) = self.controllers.get_mut(&key) else {
-                continue;
-            };
-            let host = ctrl.shared.hostnqn.clone();
-            let saw = |nsid: u32| old.is_some_and(|o| o.ns_visible_to(nsid, &host));
-            let mut nsids: Vec<u32> = replaced
-                .iter()
-                .copied()
-                .filter(|&nsid| saw(nsid) || new.ns_visible_to(nsid, &host))
-                .collect();
-            if masking_changed {
-                nsids.extend(new.namespaces.keys().copied().filter(|&nsid| {
-                    !replaced.contains(&nsid) && saw(nsid) != new.ns_visible_to(nsid, &host)
-                }));
-            }
-            if nsids.is_empty() {
-                continue;
-            }
-            for nsid in nsids {
-                ctrl.note_changed_namespace(nsid);
-            }
-            cmd::admin::raise_namespace_notice(self, key);
-        }
-    }
-
-    /// Tells each of this reactor's controllers of the subsystem whose ANA view changed (a
-    /// group's state through its listener, a namespace's group, a namespace it sees come or
-    /// go): its ANA log change count moves, and when a namespace it already saw changed group
-    /// or state, it gets an ANA Change notice (SPDK notifies the controllers of the listener
-    /// whose state was set; added namespaces are announced by the namespace notice, and Linux
-    /// reads the ANA log for a namespace whose group it does not know).
-    fn notify_ana_change(&mut self, old: &SubsystemConfig, new: &SubsystemConfig) {
-        if !new.ana_reporting {
-            return;
-        }
-        let keys: Vec<_> = self
-            .controllers
-            .keys()
-            .filter(|(sid, _)| *sid == new.id)
-            .copied()
-            .collect();
-        for key in keys {
-            let Some(ctrl) = self.controllers.get_mut(&key) else {
-                continue;
-            };
-            let (listener, host) = (ctrl.shared.listener.as_ref(), &ctrl.shared.hostnqn);
-            let before = old.ana_view(listener, host);
-            let after = new.ana_view(listener, host);
-            if before == after {
-                continue;
-            }
-            ctrl.ana_change_count = ctrl.ana_change_count.wrapping_add(1);
-            let moved = before
-                .iter()
-                .any(|(nsid, was)| after.get(nsid).is_some_and(|now| now != was));
-            if moved {
-                cmd::admin::raise_ana_notice(self, key);
-            }
-        }
     }
 
     /// Step 1 of every command: parse and validate, decide the data phase. What the command
