@@ -267,8 +267,10 @@ impl Driver {
                 len: sgl_len.min(DATA_LEN as u32),
             },
         };
-        *t.outstanding.entry(cid).or_default() += 1;
-        t.q.submit(cmd, data);
+        // A full send queue: this host must wait for its earlier sends, as a real one does.
+        if t.q.try_submit(cmd, data) {
+            *t.outstanding.entry(cid).or_default() += 1;
+        }
     }
 
     fn garbage(&mut self, c: &mut impl Choices) {
@@ -278,14 +280,14 @@ impl Driver {
         let slot = c.below(usize::from(t.q.depth));
         let base = slot * (64 + t.q.in_capsule as usize);
         let bytes: Vec<u8> = (0..len).map(|_| c.below(256) as u8).collect();
-        if len >= 4 {
-            let cid = u16::from_le_bytes([bytes[2], bytes[3]]);
-            *t.outstanding.entry(cid).or_default() += 1;
-        }
         if len > 0 {
             t.q.write_capsule(base, &bytes);
         }
-        t.q.send_raw(base, len.max(1));
+        // Garbage is not bound by the queue depth, but it is by the host's send queue.
+        if t.q.try_send_raw(base, len.max(1)) && len >= 4 {
+            let cid = u16::from_le_bytes([bytes[2], bytes[3]]);
+            *t.outstanding.entry(cid).or_default() += 1;
+        }
     }
 
     fn toggle_receives(&mut self, c: &mut impl Choices) {

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use nvmf_common::rdma::sim::{default_device_attr, SimConfig, SimFabric, SimVerbs};
 use nvmf_common::rdma::{
-    AccessFlags, CmEvent, CmEventKind, ConnParams, DeviceAttr, DmaBuf, QpCaps, RecvWr, SendWr,
-    Verbs, VerbsChannel, VerbsCmId, VerbsCq, VerbsMr, VerbsQp, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, CmEvent, CmEventKind, ConnParams, DeviceAttr, DmaBuf, QpCaps, RdmaError, RecvWr,
+    SendWr, Verbs, VerbsChannel, VerbsCmId, VerbsCq, VerbsMr, VerbsQp, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use nvmf_common::spec::command::Command;
 use nvmf_common::spec::fabrics::{ConnectCommand, ConnectData, CNTLID_DYNAMIC};
@@ -522,8 +523,16 @@ impl HostQueue {
         }
     }
 
-    /// Sends `cmd` (its CID is the caller's) with `data`; the SGL is filled in here.
-    pub fn submit(&mut self, mut cmd: Command, data: Data) {
+    /// Sends `cmd` (its CID is the caller's) with `data`; the SGL is filled in here. Panics
+    /// if the host's send queue is full (see [`Self::try_submit`]).
+    pub fn submit(&mut self, cmd: Command, data: Data) {
+        assert!(self.try_submit(cmd, data), "the host's send queue is full");
+    }
+
+    /// [`Self::submit`], or false when the host's send queue has no room left: sends the
+    /// target has not yet acknowledged hold it, and a host must wait for them, as a real one
+    /// does (the NIC refuses the post). Nothing was sent then.
+    pub fn try_submit(&mut self, mut cmd: Command, data: Data) -> bool {
         let slot = self.next_cmd_slot;
         self.next_cmd_slot = (slot + 1) % usize::from(self.depth);
         let base = slot * (SQE_LEN + self.in_capsule as usize);
@@ -547,17 +556,33 @@ impl HostQueue {
             }
         };
         self.cmds.write_at(base, cmd.as_bytes());
-        self.send_raw(base, SQE_LEN + extra);
+        self.try_send_raw(base, SQE_LEN + extra)
     }
 
     /// Sends `len` bytes of the command region at `base` as one capsule, whatever they hold.
-    /// The bytes go inline (copied at the post), so the slot may be reused at once.
+    /// The bytes go inline (copied at the post), so the slot may be reused at once. Panics if
+    /// the host's send queue is full (see [`Self::try_send_raw`]).
     pub fn send_raw(&mut self, base: usize, len: usize) {
+        assert!(
+            self.try_send_raw(base, len),
+            "the host's send queue is full"
+        );
+    }
+
+    /// [`Self::send_raw`], or false when the host's send queue has no room left (see
+    /// [`Self::try_submit`]).
+    pub fn try_send_raw(&mut self, base: usize, len: usize) -> bool {
         let mut bytes = vec![0u8; len];
         self.cmds.read_at(base, &mut bytes);
-        self.qp
-            .post_send(&[SendWr::send_inline(u64::MAX, &bytes)])
-            .expect("post_send");
+        match self.qp.post_send(&[SendWr::send_inline(u64::MAX, &bytes)]) {
+            Ok(()) => true,
+            Err(RdmaError::PostSend { source, .. })
+                if source.kind() == std::io::ErrorKind::OutOfMemory =>
+            {
+                false
+            }
+            Err(e) => panic!("post_send: {e}"),
+        }
     }
 
     /// Writes `bytes` at `base` of the command region (a garbage capsule).
