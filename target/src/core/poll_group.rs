@@ -207,12 +207,14 @@ impl PollGroup {
         self.core.observe_clock(now);
     }
 
-    /// Hands the core's wakeups to their transports, oldest first. Those the transports'
-    /// `resume` makes go to the core's fresh list, for the caller's next round.
+    /// Hands the core's wakeups to their transports, newest first (popped: no drain to tear
+    /// down; the requests of one batch are independent, and their responses leave together
+    /// at the turn's end). Those the transports' `resume` makes go to the core's fresh list,
+    /// for the caller's next round.
     fn dispatch_wakeups(&mut self) -> usize {
         self.core.take_wakeups(&mut self.spare_wakeups);
         let n = self.spare_wakeups.len();
-        for (tag, wakeup) in self.spare_wakeups.drain(..) {
+        while let Some((tag, wakeup)) = self.spare_wakeups.pop() {
             match self.transports.get_mut(tag.transport_group()) {
                 Some(t) => t.resume(tag, wakeup, &mut self.core),
                 None => tracing::error!(?tag, "wakeup for an unknown transport poll group"),
