@@ -291,6 +291,7 @@ impl SimLab {
             let r = self.resources(i);
             sum.qpairs += r.qpairs;
             sum.requests_in_use += r.requests_in_use;
+            sum.requests_deferred += r.requests_deferred;
             sum.buffers_out += r.buffers_out;
             sum.recv_slots_held += r.recv_slots_held;
             sum.waiting += r.waiting;
@@ -309,6 +310,7 @@ impl SimLab {
         let r = self.total_resources();
         assert_eq!(r.qpairs, 0, "qpairs left: {r:?}");
         assert_eq!(r.requests_in_use, 0, "requests leaked: {r:?}");
+        assert_eq!(r.requests_deferred, 0, "deferred requests leaked: {r:?}");
         assert_eq!(r.buffers_out, 0, "data buffers leaked: {r:?}");
         assert_eq!(r.recv_slots_held, 0, "SRQ slots leaked: {r:?}");
     }

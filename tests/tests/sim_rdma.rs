@@ -640,16 +640,16 @@ fn responses_of_a_turn_share_a_doorbell_and_the_counters_say_so() {
         per_doorbell >= 2.0,
         "{requests} responses took {doorbells} send doorbells"
     );
-    // Only a chain's last SEND is signaled: the target's completions are one receive per
-    // command and one SEND per chain (a chain per doorbell), not one per response. Every
-    // request came back all the same (above) and its slot is free (`assert_drained`).
-    // (The host saw the last response before the target reaped that chain's completion.)
+    // Only a chain's last SEND is signaled, if that: the target's completions are one
+    // receive per command and at most one SEND per chain (a chain per doorbell; a deferred
+    // chain has none), not one per response. Every request came back all the same (above)
+    // and its slot is free (`assert_drained`). (The host saw the last response before the
+    // target reaped that chain's completion.)
     lab.run_for(Duration::from_millis(1), Duration::from_micros(100));
     let completions = device_stat(&mut lab, "completions") - completions0;
-    assert_eq!(
-        completions,
-        requests + doorbells,
-        "{requests} commands in {doorbells} chains"
+    assert!(
+        completions > requests && completions <= requests + doorbells,
+        "{completions} completions for {requests} commands in {doorbells} chains"
     );
     assert!(
         device_stat(&mut lab, "total_send_wrs") >= 2 * requests,
@@ -978,7 +978,12 @@ fn refused_in_capsule_commands_of_a_host_that_takes_no_responses_hold_no_capsule
     lab.run_for(Duration::from_millis(20), Duration::from_millis(1));
     let r = lab.resources(0);
     assert!(r.requests_in_use > 0, "the refusals wait in RNR: {r:?}");
-    assert_eq!(r.buffers_out, 0, "capsules held by refused commands: {r:?}");
+    // (The Connect's data buffer, its response deferred, waits behind the refusals.)
+    assert_eq!(
+        r.buffers_out - r.deferred_buffers,
+        0,
+        "capsules held by refused commands: {r:?}"
+    );
     assert_eq!(r.recv_slots_held, 0, "{r:?}");
 
     let mut io = io_queue(&mut lab, &host, cntlid, 16, 16 * 4096);

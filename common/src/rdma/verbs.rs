@@ -84,6 +84,8 @@ pub trait VerbsContext: Send + Sync + 'static {
     fn device_name(&self) -> String;
     /// Linux's software RoCE (rxe), whose quirks both ends work around.
     fn is_soft_roce(&self) -> bool;
+    /// The transport the device speaks (InfiniBand, RoCE included, or iWARP).
+    fn transport(&self) -> super::Transport;
     /// Whether two handles name the same open device.
     fn same_device(&self, other: &Self) -> bool;
     /// The next asynchronous event of the device (a broken QP or CQ, a port down), without
@@ -301,6 +303,10 @@ impl VerbsContext for Context {
 
     fn is_soft_roce(&self) -> bool {
         Context::is_soft_roce(self)
+    }
+
+    fn transport(&self) -> super::Transport {
+        self.device().transport
     }
 
     fn same_device(&self, other: &Self) -> bool {

@@ -13,7 +13,8 @@
 //!                                                          └─ from host ─► NeedRead ─┬─ in place ─► ReadyToExecute
 //!                                                                                    └─ posted ──► Reading ─► ReadyToExecute
 //!  ReadyToExecute ──execute──► Executing ──Complete (now or by wakeup)──► NeedSend
-//!  NeedSend ──► Batched ──► Sending ──send completion──► Free      (or straight to Free)
+//!  NeedSend ──► Batched ─┬─► Sending ──send completion──► Free      (or straight to Free)
+//!                        └─► Sent ──a later SEND's completion──► Free   (unsignaled)
 //! ```
 //!
 //! Each wait for a resource is a state plus a FIFO the transport keeps, never a failure:
@@ -56,6 +57,10 @@ pub enum ReqState {
     Batched,
     /// Response (and data for the host) posted; waiting for the transport's completion.
     Sending,
+    /// Response posted without a completion of its own (an unsignaled SEND): the
+    /// completion of a later response on its queue frees it. The later one carries the
+    /// transfer timeout, as completions come in order.
+    Sent,
     /// Posting the response failed after data may have left from its buffer: the request
     /// keeps the buffer until the queue is destroyed. Nothing moves a request out of it.
     Abandoned,
@@ -179,6 +184,7 @@ pub fn process<T: RequestTransport>(t: &mut T, core: &mut CoreCtx, id: T::Id, at
             | ReqState::Executing
             | ReqState::Batched
             | ReqState::Sending
+            | ReqState::Sent
             | ReqState::Abandoned => return,
         }
         // Only the first step of a retried request was taken from a FIFO.

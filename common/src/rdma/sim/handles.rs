@@ -232,6 +232,11 @@ impl VerbsContext for SimContext {
         h.name.starts_with("rxe") || h.attr.vendor_id == RXE_VENDOR_ID
     }
 
+    /// The simulated fabric is InfiniBand's RC service (RoCE).
+    fn transport(&self) -> crate::rdma::Transport {
+        crate::rdma::Transport::InfiniBand
+    }
+
     fn same_device(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.fabric.0, &other.fabric.0) && self.host == other.host
     }

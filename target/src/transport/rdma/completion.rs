@@ -5,8 +5,8 @@ use nvmf_common::rdma::{Verbs, VerbsCq, WcStatus, WorkCompletion};
 use nvmf_common::spec::sgl::SglKind;
 
 use super::poll_group::{RdmaPollGroup, POLL_BATCH};
-use super::qpair::{release, wrs_of, SlotAccounts};
-use super::request::{parse_wr_id, HostData, RdmaRequest, State, WrKind, DRAIN_SLOT};
+use super::qpair::{deferred_released, release, wrs_of, Qpair, SlotAccounts};
+use super::request::{parse_wr_id, HostData, RdmaRequest, State, WrKind, COVER_SLOT, DRAIN_SLOT};
 use super::wait_queue::Waiter;
 use crate::core::driver;
 use crate::core::CoreCtx;
@@ -68,28 +68,33 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 if slot == DRAIN_SLOT {
                     qp.sq_used = qp.sq_used.saturating_sub(1);
                     qp.drained = true;
-                } else if let Some(r) = qp.requests.get_mut(slot as usize) {
-                    if r.state == State::Sending {
-                        // This SEND ends its chain: the unsignaled ones before it are done.
-                        let covers = std::mem::take(&mut r.covers);
-                        let now = self.now_ns;
-                        let (mut wrs, mut latency) = sent(r, &mut qp.acct, now);
-                        for _ in 0..covers {
-                            let Some(s) = qp.unsignaled.pop_front() else {
-                                break;
-                            };
-                            let r = &mut qp.requests[s as usize];
-                            if r.state == State::Sending {
-                                let (w, l) = sent(r, &mut qp.acct, now);
-                                wrs += w;
-                                latency += l;
-                            }
+                } else if let Some((covers, mut wrs, mut latency)) =
+                    signaled_done(qp, slot, self.now_ns)
+                {
+                    // Completions come in order: the unsignaled ones before it are done.
+                    let mut refund = 0;
+                    for _ in 0..covers {
+                        let Some(s) = qp.unsignaled.pop_front() else {
+                            break;
+                        };
+                        let r = &mut qp.requests[s as usize];
+                        if r.state == State::Sending {
+                            let (w, l) = sent(r, &mut qp.acct, self.now_ns);
+                            wrs += w;
+                            latency += l;
+                        } else if r.state == State::Sent {
+                            // Deferred: its latency was counted when it was posted.
+                            refund += deferred_released(r);
+                            let (w, _) = sent(r, &mut qp.acct, self.now_ns);
+                            wrs += w;
                         }
-                        qp.sq_used = qp.sq_used.saturating_sub(wrs);
-                        self.devices[d].stats.request_latency += latency;
-                        let share = &self.devices[d].share;
-                        qp.acct.unpark(share, qi, qp.gen, &mut self.need_buffer);
                     }
+                    qp.sq_used = qp.sq_used.saturating_sub(wrs);
+                    let dev = &mut self.devices[d];
+                    dev.stats.request_latency += latency;
+                    dev.defer_budget += refund;
+                    let share = &self.devices[d].share;
+                    qp.acct.unpark(share, qi, qp.gen, &mut self.need_buffer);
                 }
                 !qp.awaiting_read.is_empty()
             }
@@ -195,6 +200,23 @@ impl<V: Verbs> RdmaPollGroup<V> {
             }
         }
     }
+}
+
+/// A signaled SEND (or a cover) of the qpair completed: what it frees itself, as (the
+/// unsignaled ones before it that it covers, send queue slots, latency ns). `None` for a
+/// completion that frees nothing (a request already released).
+#[inline]
+fn signaled_done<V: Verbs>(qp: &mut Qpair<V>, slot: u32, now_ns: u64) -> Option<(u32, u32, u64)> {
+    if slot == COVER_SLOT {
+        return qp.cover.take().map(|c| (c.covers, 1, 0));
+    }
+    let r = qp.requests.get_mut(slot as usize)?;
+    if r.state != State::Sending {
+        return None;
+    }
+    let covers = u32::from(std::mem::take(&mut r.covers));
+    let (wrs, latency) = sent(r, &mut qp.acct, now_ns);
+    Some((covers, wrs, latency))
 }
 
 /// A `Sending` request whose SEND is known complete: released. Returns the send queue slots

@@ -14,15 +14,18 @@ use zerocopy::IntoBytes;
 
 use super::device::DeviceResources;
 use super::poll_group::{watch, RdmaPollGroup};
-use super::qpair::{claim_index, release, transfer_stuck, Qpair, SlotAccounts, CQE_LEN};
+use super::qpair::{
+    claim_index, deferred_released, needs_cover, post_cover, release, transfer_stuck, Qpair,
+    SlotAccounts, CQE_LEN,
+};
 use super::read_batch::drop_queued_reads;
 use super::request::{
-    slots_for, tag_slot, wr_id, RdmaRequest, State, WrKind, DRAIN_SLOT, MAX_QPAIRS,
+    slots_for, tag_slot, wr_id, RdmaRequest, State, WrKind, DEFERRED_SENDS, DRAIN_SLOT, MAX_QPAIRS,
 };
 use super::NewConnection;
 use crate::core::queue::QueueState;
 use crate::core::request::{ReqTag, Request};
-use crate::core::CoreCtx;
+use crate::core::{CoreCtx, TICK_MS};
 
 /// How long (ms) a closing qpair waits for its flushed work requests before it is destroyed
 /// anyway.
@@ -182,6 +185,15 @@ impl<V: Verbs> RdmaPollGroup<V> {
             reads: Vec::with_capacity(slots as usize),
             awaiting_read: VecDeque::with_capacity(slots as usize),
             unsignaled: VecDeque::with_capacity(slots as usize),
+            uncovered: 0,
+            // An admin queue's few responses gain nothing from deferring: they are sent
+            // signaled, and hold nothing past their completion.
+            max_deferred: if dev.defers && conn.qid != 0 {
+                DEFERRED_SENDS
+            } else {
+                0
+            },
+            cover: None,
             sq_used: 0,
             reads_in_flight: 0,
             max_reads,
@@ -338,11 +350,19 @@ impl<V: Verbs> RdmaPollGroup<V> {
         if qp.closing.is_none() {
             if qp.broken || core.should_disconnect(&mut qp.state) {
                 self.start_close(qi, core);
-            } else if transfer_stuck(&qp.requests, core.now_ms(), core.transfer_timeout_ms) {
+            } else if transfer_stuck(&qp.requests, core.now_ms(), core.transfer_timeout_ms)
+                || qp.cover.is_some_and(|c| {
+                    core.now_ms().saturating_sub(c.posted_ms) >= core.transfer_timeout_ms
+                })
+            {
                 tracing::warn!(peer = %qp.state.peer,
                     "host completed no transfer within the transfer timeout; closing qpair");
                 self.start_close(qi, core);
-            } else if qp.state.ctrl.is_some() && qp.signaled == 0 {
+            } else if needs_cover(qp, core.now_ms(), TICK_MS) && post_cover(qi, qp, core.now_ms()) {
+                let stats = &mut self.devices[qp.dev].stats;
+                stats.send_doorbell_updates += 1;
+                stats.total_send_wrs += 1;
+            } else if qp.state.ctrl.is_some() && qp.signaled == 0 && qp.uncovered == 0 {
                 qp.watched = false;
                 return false;
             }
@@ -360,6 +380,8 @@ impl<V: Verbs> RdmaPollGroup<V> {
         let qp = self.qpairs[qi].take().expect("checked above");
         let dev = &mut self.devices[qp.dev];
         dev.cq_reserved -= qp.cq_share;
+        // Deferred responses no later SEND covered end with their QP.
+        dev.defer_budget += qp.requests.iter().map(deferred_released).sum::<u32>();
         self.by_qp_num.remove(&qp.qp.qp_num());
         self.by_token.remove(&qp.token);
         self.gens[qi] = self.gens[qi].wrapping_add(1);

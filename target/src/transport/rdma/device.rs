@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use nvmf_common::buffer::{BufferPool, IoBuf, SizedPools, BUFFER_ALIGN, SMALL_BUFSIZE};
 use nvmf_common::rdma::{
-    register_pool, AccessFlags, DeviceCapFlags, DmaBuf, RecvWr, Sge, Verbs, VerbsContext, VerbsCq,
-    VerbsSrq, MAX_CHAIN,
+    register_pool, AccessFlags, DeviceCapFlags, DmaBuf, RecvWr, Sge, Transport, Verbs,
+    VerbsContext, VerbsCq, VerbsSrq, MAX_CHAIN,
 };
 use nvmf_common::spec::Command;
 use smallvec::SmallVec;
@@ -93,8 +93,18 @@ pub struct DeviceResources<V: Verbs> {
     /// eighth of the SRQ's depth, the spare half of the capsule pool shared by four); past
     /// that its in-capsule data is copied to a small buffer.
     pub share: [u32; 3],
+    /// Small buffers that deferred responses (`qpair::Deferral`) may still hold: an eighth
+    /// of the small pool, at most [`DEFER_BUFFERS`]. Hosts that go idle right after reads
+    /// cannot keep more than that from the others.
+    pub defer_budget: u32,
+    /// Whether its qpairs defer responses: not on iWARP, where the zero-length RDMA WRITE
+    /// that covers an idle qpair's is not promised to pass (`qpair::post_cover`).
+    pub defers: bool,
     pub stats: DeviceStats,
 }
+
+/// The most small buffers a device's deferred responses may hold.
+pub const DEFER_BUFFERS: u32 = 64;
 
 impl<V: Verbs> DeviceResources<V> {
     pub fn new(ctx: Arc<V::Context>, opts: &TransportOptions) -> Result<Self, String> {
@@ -154,6 +164,7 @@ impl<V: Verbs> DeviceResources<V> {
             .device_cap_flags
             .contains(DeviceCapFlags::MEM_MGT_EXTENSIONS)
             && !ctx.is_soft_roce();
+        let defers = ctx.transport() != Transport::Iwarp;
         let mut dev = Self {
             ctx,
             pd,
@@ -182,6 +193,8 @@ impl<V: Verbs> DeviceResources<V> {
                 (count / 4).max(16).min(count),
                 (srq_depth / 8).max(16),
             ],
+            defer_budget: (small_count / 8).min(DEFER_BUFFERS),
+            defers,
             stats: DeviceStats::default(),
         };
         dev.flush_all_reposts()?;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::device::DeviceResources;
-use super::qpair::{flush_batch, Qpair};
+use super::qpair::{flush_batch, Deferral, Qpair};
 use super::read_batch::flush_reads;
 use super::request::{parse_tag_slot, State};
 use super::wait_queue::{WaitQueue, Waiter};
@@ -28,6 +28,9 @@ use crate::transport::options::TransportOptions;
 use crate::transport::{TransportLimits, TransportPollGroup};
 
 pub(super) const POLL_BATCH: usize = 32;
+
+/// The most qpairs a turn may post to and still defer responses (`qpair::Deferral`).
+const DEFER_MAX_QPAIRS: usize = 4;
 
 /// Fibonacci hashing of a QP number: one multiply, good high bits for the table's control
 /// bytes.
@@ -131,38 +134,71 @@ impl<V: Verbs> RdmaPollGroup<V> {
 
     #[inline(never)]
     fn flush_dirty(&mut self) {
+        // Deferred responses hold resources until a later completion: not while requests
+        // wait for buffers or send room. And they save a turn only when few qpairs post in
+        // it: with many, their completions come in a few polls of the turns that follow.
+        let may_defer = self.dirty.len() <= DEFER_MAX_QPAIRS
+            && self.need_buffer.iter().all(WaitQueue::is_empty)
+            && self.need_send.is_empty();
+        if may_defer {
+            self.flush_qpairs::<true>();
+        } else {
+            self.flush_qpairs::<false>();
+        }
+        self.dirty.clear();
+    }
+
+    /// Posts the dirty qpairs' READs and responses; with `DEFER`, chains may be deferred
+    /// (`qpair::Deferral`). A constant, so a busy turn's flush carries none of it.
+    #[inline(always)]
+    fn flush_qpairs<const DEFER: bool>(&mut self) {
+        // Without `DEFER` the flush never looks at it.
+        let mut no_budget = 0;
         for k in 0..self.dirty.len() {
             let qi = self.dirty[k];
             let Some(qp) = self.qpairs.get_mut(qi).and_then(Option::as_mut) else {
                 continue;
             };
             let (mut doorbells, mut wrs) = (0, 0);
+            let mut defer = Deferral {
+                budget: if DEFER {
+                    &mut self.devices[qp.dev].defer_budget
+                } else {
+                    &mut no_budget
+                },
+                now_ns: self.now_ns,
+                latency_ns: 0,
+            };
             if !qp.batch.is_empty() {
                 // READs and responses together: the READs lead the responses' first chain
                 // (one doorbell) when they leave it room for a response.
+                let now = self.now_ms;
                 if qp.reads.is_empty() {
-                    (doorbells, wrs) = flush_batch::<V, false>(qi, qp, self.now_ms);
+                    (doorbells, wrs) = flush_batch::<V, false, DEFER>(qi, qp, now, &mut defer);
                 } else if qp.reads.len() + 2 <= MAX_CHAIN {
-                    (doorbells, wrs) = flush_batch::<V, true>(qi, qp, self.now_ms);
+                    (doorbells, wrs) = flush_batch::<V, true, DEFER>(qi, qp, now, &mut defer);
                 } else {
                     (doorbells, wrs) = flush_reads(qi, qp);
-                    let (d, w) = flush_batch::<V, false>(qi, qp, self.now_ms);
+                    let (d, w) = flush_batch::<V, false, DEFER>(qi, qp, now, &mut defer);
                     doorbells += d;
                     wrs += w;
                 }
             } else if !qp.reads.is_empty() {
                 (doorbells, wrs) = flush_reads(qi, qp);
             }
+            let latency = defer.latency_ns;
             if doorbells == 0 {
                 continue;
             }
             let dev = qp.dev;
             watch(&mut self.watch, qi, qp);
             let stats = &mut self.devices[dev].stats;
+            if DEFER {
+                stats.request_latency += latency;
+            }
             stats.send_doorbell_updates += u64::from(doorbells);
             stats.total_send_wrs += u64::from(wrs);
         }
-        self.dirty.clear();
     }
 }
 
@@ -178,8 +214,15 @@ pub(super) fn watch<V: Verbs>(list: &mut Vec<(usize, u8)>, qi: usize, qp: &mut Q
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PollGroupResources {
     pub qpairs: usize,
-    /// Request slots not free, over all qpairs.
+    /// Request slots not free, over all qpairs, deferred ones aside.
     pub requests_in_use: usize,
+    /// Requests whose response went out deferred (`Sent`): done on the wire as far as we
+    /// know, freed by a later SEND's completion or with their qpair.
+    pub requests_deferred: usize,
+    /// Data buffers deferred requests hold (counted in `buffers_out` too).
+    pub deferred_buffers: usize,
+    /// Small buffers deferred responses may still take, over all devices.
+    pub deferral_budget: u32,
     /// Data buffers out of their pools, over all devices.
     pub buffers_out: usize,
     /// SRQ receive slots held by requests, over all devices.
@@ -200,9 +243,20 @@ impl<V: Verbs> RdmaPollGroup<V> {
         PollGroupResources {
             qpairs: live.clone().count(),
             requests_in_use: live
+                .clone()
                 .flat_map(|q| &q.requests)
-                .filter(|r| r.state != State::Free)
+                .filter(|r| !matches!(r.state, State::Free | State::Sent))
                 .count(),
+            requests_deferred: live
+                .clone()
+                .flat_map(|q| &q.requests)
+                .filter(|r| r.state == State::Sent)
+                .count(),
+            deferred_buffers: live
+                .flat_map(|q| &q.requests)
+                .filter(|r| r.state == State::Sent && r.buf_class.is_some())
+                .count(),
+            deferral_budget: self.devices.iter().map(|d| d.defer_budget).sum(),
             buffers_out: self
                 .devices
                 .iter()

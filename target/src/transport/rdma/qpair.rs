@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use zerocopy::IntoBytes;
 
 use super::read_batch::{read_wr, settle_read};
-use super::request::{wr_id, HostData, RdmaRequest, State, WrKind, MAX_QPAIRS};
+use super::request::{wr_id, HostData, RdmaRequest, State, WrKind, COVER_SLOT, MAX_QPAIRS};
 use super::wait_queue::{RequestSlots, WaitQueue, Waiter};
 use crate::core::queue::QueueState;
 use crate::core::request::DataDirection;
@@ -49,10 +49,19 @@ pub(super) struct Qpair<V: Verbs> {
     /// that frees either serves this qpair's front at once, and a turn never looks at a
     /// queue that cannot move (SPDK's `pending_rdma_read_queue`). Capacity for every slot.
     pub awaiting_read: VecDeque<u32>,
-    /// Requests whose SENDs went unsignaled (all but the last of a chain), in posting order:
-    /// a chain's last request frees the `covers` oldest of them when its SEND completes.
-    /// Capacity for every slot, so pushing never allocates.
+    /// Requests whose SENDs went unsignaled (`Sent`: all but the last of a chain, and the
+    /// last too when deferred), in posting order: a signaled SEND frees the `covers` oldest
+    /// of them when it completes. Capacity for every slot, so pushing never allocates.
     pub unsignaled: VecDeque<u32>,
+    /// Deferred responses posted since this qpair's last signaled SEND (at most
+    /// `max_deferred`): the next signaled SEND, or a cover, covers them.
+    pub uncovered: u32,
+    /// Responses the qpair may defer: [`DEFERRED_SENDS`](super::request::DEFERRED_SENDS),
+    /// or 0 on an admin queue and where a cover cannot be posted (iWARP; see [`post_cover`]).
+    pub max_deferred: u32,
+    /// The zero-length RDMA WRITE posted to cover deferred responses of an idle qpair, while
+    /// it has not completed.
+    pub cover: Option<Cover>,
     pub sq_used: u32,
     pub reads_in_flight: u32,
     pub max_reads: u32,
@@ -304,10 +313,16 @@ pub(super) fn fate_in_failed_chain(
 /// rings once. (A constant, so the responses-only version, the common one, carries no READ
 /// code.) On a failed post the qpair is marked broken, and each request of that chain and
 /// every later one meets its [`Fate`]. Returns (doorbells, work requests posted).
-pub(super) fn flush_batch<V: Verbs, const LEAD_READS: bool>(
+///
+/// With `DEFER`, a chain's last SEND is signaled only if the chain cannot be deferred (see
+/// [`Deferral`]); a deferred chain goes unsignaled whole, and a later chain's signaled SEND
+/// frees it. At queue depth 1 that halves the completions a response costs: the reactor's
+/// turn for a lone SEND completion goes, and most I/Os take one turn instead of two.
+pub(super) fn flush_batch<V: Verbs, const LEAD_READS: bool, const DEFER: bool>(
     qi: usize,
     qp: &mut Qpair<V>,
     now_ms: u64,
+    defer: &mut Deferral<'_>,
 ) -> (u32, u32) {
     let lead = if LEAD_READS { qp.reads.len() } else { 0 };
     debug_assert!(lead + 2 <= MAX_CHAIN);
@@ -352,6 +367,12 @@ pub(super) fn flush_batch<V: Verbs, const LEAD_READS: bool>(
             read_sges.push([qp.requests[si as usize].data_sge().unwrap_or_default()]);
         }
         let (gen, send_with_invalidate) = (qp.gen, qp.send_with_invalidate);
+        let small = if DEFER {
+            defer.small_buffers(qp, &slots[..n_req])
+        } else {
+            None
+        };
+        let deferred = small.is_some();
         let mut chain: SmallVec<[SendWr<'_>; MAX_CHAIN]> = SmallVec::new();
         for (j, &si) in qp.reads[..reads].iter().enumerate() {
             chain.extend(read_wr(qp, qi, si, &read_sges[j]));
@@ -365,9 +386,10 @@ pub(super) fn flush_batch<V: Verbs, const LEAD_READS: bool>(
                         .signaled(false),
                 );
             }
-            // Only the chain's last SEND is signaled. The others carry the unsignaled kind:
-            // they complete only with an error (or flushed), which closes the qpair.
-            let last = j + 1 == n_req;
+            // Only the chain's last SEND is signaled, unless deferred. The others carry the
+            // unsignaled kind: they complete only with an error (or flushed), which closes
+            // the qpair.
+            let last = j + 1 == n_req && !deferred;
             let kind = if last { WrKind::Send } else { WrKind::Write };
             let id = wr_id(kind, gen, qi, si);
             // Inline: the post copies the CQE out of the request.
@@ -397,21 +419,36 @@ pub(super) fn flush_batch<V: Verbs, const LEAD_READS: bool>(
                 posted += n_wr;
                 for (j, &si) in slots[..n_req].iter().enumerate() {
                     let r = &mut qp.requests[si as usize];
-                    r.state = State::Sending;
                     r.posted_ms = now_ms;
-                    if j + 1 < n_req {
+                    if deferred {
+                        // The completion that frees it may be far off: its latency ends here.
+                        r.state = State::Sent;
+                        defer.latency_ns += defer.now_ns.saturating_sub(r.received_ns);
+                        qp.unsignaled.push_back(si);
+                    } else if j + 1 < n_req {
+                        // Its chain's last SEND, signaled, frees it.
+                        r.state = State::Sending;
                         qp.unsignaled.push_back(si);
                     } else {
-                        // The signaled one: it frees the `j` before it.
-                        r.covers = j as u8;
+                        // The signaled one: it frees the uncovered ones before it.
+                        r.state = State::Sending;
+                        r.covers = (qp.uncovered + j as u32) as u8;
                         qp.signaled += 1;
                     }
+                }
+                match small {
+                    Some(small) => {
+                        qp.uncovered += n_req as u32;
+                        *defer.budget -= small;
+                    }
+                    None => qp.uncovered = 0,
                 }
             }
             Err(e) => {
                 let responses = Responses {
                     slots: &slots[..n_req],
                     counts: &counts[..n_req],
+                    deferred,
                 };
                 settle_failed_chain(qp, reads, &responses, next, &e, now_ms);
                 break;
@@ -426,10 +463,110 @@ pub(super) fn flush_batch<V: Verbs, const LEAD_READS: bool>(
     (doorbells, posted)
 }
 
-/// The responses of a chain: their slots and work request counts, in chain order.
+/// The responses of a chain: their slots and work request counts, in chain order, and
+/// whether its last SEND went unsignaled.
 struct Responses<'a> {
     slots: &'a [u32],
     counts: &'a [u32],
+    deferred: bool,
+}
+
+/// Whether a flush may leave a chain's last SEND unsignaled (defer it), and what the ones
+/// it did cost. Deferring holds a response's slot and buffer until a later SEND of its
+/// qpair completes, which an idle host may put off for ever. So only a few are deferred per
+/// qpair (`Qpair::max_deferred`), holding no buffer but small ones within the device's budget
+/// (a large buffer or a capsule buffer, shared by every host's receives, is never held that
+/// way), and none while one of the qpair's requests waits for a READ or its share of
+/// buffers: they need the resources back now. (The poll group defers nothing in a turn
+/// where requests wait for buffers or send room, or many qpairs post.)
+pub(super) struct Deferral<'a> {
+    /// Small buffers deferred responses may still take on the qpair's device: each `Sent`
+    /// request holding one counts until it is released ([`deferred_released`]).
+    pub budget: &'a mut u32,
+    /// The core's clock (ns).
+    pub now_ns: u64,
+    /// Latency (capsule to post, ns) of the responses this flush posted unsignaled.
+    pub latency_ns: u64,
+}
+
+impl Deferral<'_> {
+    /// Whether the chain of responses in `slots` may end unsignaled: `Some(small buffers
+    /// they hold)` if so.
+    #[inline]
+    fn small_buffers<V: Verbs>(&self, qp: &Qpair<V>, slots: &[u32]) -> Option<u32> {
+        // More than half the slots free: the host's queue depth stays free for its next
+        // commands whatever it does (see `slots_for`).
+        if qp.uncovered + slots.len() as u32 > qp.max_deferred
+            || qp.acct.free.len() * 2 <= qp.requests.len()
+            || !qp.awaiting_read.is_empty()
+            || qp.acct.parked() > 0
+        {
+            return None;
+        }
+        let mut small = 0;
+        for &si in slots {
+            match qp.requests[si as usize].buf_class {
+                None => {}
+                Some(0) => small += 1,
+                Some(_) => return None,
+            }
+        }
+        (small <= *self.budget).then_some(small)
+    }
+}
+
+/// A cover in flight: when it was posted (the core's ms; the transfer timeout runs from
+/// there) and how many deferred responses, the oldest of `unsignaled`, it frees.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Cover {
+    pub posted_ms: u64,
+    pub covers: u32,
+}
+
+/// Covers the deferred responses of a qpair that went idle: a signaled RDMA WRITE of zero
+/// bytes, whose completion (send queue completions come in order) frees them, and which
+/// the transfer timeout watches like any SEND, so a host that stopped receiving behind
+/// them is still cut off. Zero bytes touch no host memory, and a zero-length RDMA
+/// operation's R_Key is not checked (InfiniBand C9-88, RoCE included; iWARP promises no
+/// such thing, so its qpairs defer nothing). False if the send queue has no room (a post
+/// waiting for room will be signaled anyway) or the post failed (the qpair is broken).
+pub(super) fn post_cover<V: Verbs>(qi: usize, qp: &mut Qpair<V>, now_ms: u64) -> bool {
+    if qp.sq_used >= qp.sq_capacity || qp.broken {
+        return false;
+    }
+    let wr = SendWr::rdma_write(wr_id(WrKind::Send, qp.gen, qi, COVER_SLOT), &[], 0, 0);
+    if let Err(e) = qp.qp.post_send(&[wr]) {
+        tracing::warn!(peer = %qp.state.peer, "posting a cover failed: {e}; closing qpair");
+        qp.broken = true;
+        return false;
+    }
+    qp.sq_used += 1;
+    qp.signaled += 1;
+    qp.cover = Some(Cover {
+        posted_ms: now_ms,
+        covers: qp.uncovered,
+    });
+    qp.uncovered = 0;
+    true
+}
+
+/// Whether the qpair's deferred responses wait for a cover: some are uncovered, none is in
+/// flight, and the newest went out at least `idle_ms` ago (a qpair still busy covers them
+/// with its next signaled SEND).
+pub(super) fn needs_cover<V: Verbs>(qp: &Qpair<V>, now_ms: u64, idle_ms: u64) -> bool {
+    qp.uncovered > 0
+        && qp.cover.is_none()
+        && qp
+            .unsignaled
+            .back()
+            .is_some_and(|&s| now_ms.saturating_sub(qp.requests[s as usize].posted_ms) >= idle_ms)
+}
+
+/// What a deferred (`Sent`) request gives back to its device's deferral budget when it is
+/// released: 1 if it holds a small buffer.
+#[inline]
+pub(super) fn deferred_released(r: &RdmaRequest) -> u32 {
+    u32::from(r.state == State::Sent && r.buf_class == Some(0))
 }
 
 /// The qpair is broken: the chain of the qpair's first `reads` queued READs and then
@@ -460,10 +597,10 @@ fn settle_failed_chain<V: Verbs>(
         let j = reads + k;
         let r = &mut qp.requests[si as usize];
         match fate_after_failed_post(counts, j, err) {
-            // The chain's signaled SEND did not go: no completion will come for the
-            // unsignaled ones that did, so they keep what the NIC may read until the QP is
-            // destroyed.
-            Fate::Posted if j + 1 < n => r.state = State::Abandoned,
+            // The chain's signaled SEND did not go (or it had none): no completion will come
+            // for the unsignaled ones that did, so they keep what the NIC may read until the
+            // QP is destroyed.
+            Fate::Posted if j + 1 < n || responses.deferred => r.state = State::Abandoned,
             Fate::Posted => {
                 r.state = State::Sending;
                 r.posted_ms = now_ms;

@@ -11,7 +11,11 @@
 //! qpair go out in one chain per turn (SPDK's per-qpair send batching), one doorbell for many,
 //! and only the chain's last SEND is signaled: send queue completions come in order, so its
 //! completion proves the whole chain done and frees every request of it (one completion per
-//! chain, not per response; the last request of a chain is never left without one).
+//! chain, not per response). In a turn that posts to few qpairs even that SEND may go
+//! unsignaled (`Sent`, deferred: `qpair::Deferral`), so a host at queue depth 1 costs one
+//! completion per command, its receive; a later signaled SEND of the qpair frees the deferred
+//! ones, or, if the qpair goes idle, a zero-length RDMA WRITE posted at the next tick
+//! (`qpair::post_cover`). No response is ever left without a completion to come.
 //!
 //! A response whose post fails is `Abandoned` if an RDMA WRITE from its buffer may have been
 //! posted (see `qpair::after_failed_post`), and its qpair is closed.
@@ -137,6 +141,13 @@ const fn min(a: u32, b: u32) -> u32 {
     }
 }
 
+/// Responses a qpair may leave unsignaled past the end of their chain (`Sent`, waiting for a
+/// later SEND's completion to free them): a lone response per turn (a host at queue depth 1)
+/// then costs no completion of its own. Bounded, so the slots they keep are few and a later
+/// signaled SEND always comes before the send queue fills; see `qpair::flush_batch`. A
+/// qpair that goes idle with some is covered at the next tick (`qpair::post_cover`).
+pub const DEFERRED_SENDS: u32 = 16;
+
 /// Request slots a qpair can have: twice the largest queue depth a host can ask for (a `u16`),
 /// see [`slots_for`].
 pub const MAX_SLOTS: u32 = 2 * (u16::MAX as u32 + 1);
@@ -145,11 +156,15 @@ pub const MAX_SLOTS: u32 = 2 * (u16::MAX as u32 + 1);
 /// completion arrives after every earlier send-queue completion. It must never name a real
 /// slot, or the marker's completion would release a request still on the wire.
 pub const DRAIN_SLOT: u32 = u32::MAX;
-const _: () = assert!(MAX_SLOTS < DRAIN_SLOT);
+/// Slot id of the signaled zero-length RDMA WRITE that covers an idle qpair's deferred
+/// responses (`qpair::post_cover`). Never a real slot either.
+pub const COVER_SLOT: u32 = u32::MAX - 1;
+const _: () = assert!(MAX_SLOTS < COVER_SLOT && COVER_SLOT < DRAIN_SLOT);
 
 /// Request slots for a queue of `depth` entries: twice the depth, because a host may reuse a
-/// slot as soon as it sees our response, before we reaped the SEND's completion. Always below
-/// [`MAX_SLOTS`], so never [`DRAIN_SLOT`].
+/// slot as soon as it sees our response, before we reaped the SEND's completion (or while
+/// it is deferred: a qpair defers only while more than half its slots are free). Always
+/// below [`MAX_SLOTS`], so never [`DRAIN_SLOT`].
 pub fn slots_for(depth: u16) -> u32 {
     u32::from(depth) * 2
 }
