@@ -49,9 +49,10 @@ pub(super) struct Qpair<V: Verbs> {
     /// that frees either serves this qpair's front at once, and a turn never looks at a
     /// queue that cannot move (SPDK's `pending_rdma_read_queue`). Capacity for every slot.
     pub awaiting_read: VecDeque<u32>,
-    /// Requests whose SENDs went unsignaled (`Sent`: all but the last of a chain, and the
-    /// last too when deferred), in posting order: a signaled SEND frees the `covers` oldest
-    /// of them when it completes. Capacity for every slot, so pushing never allocates.
+    /// Requests whose SENDs went unsignaled, in posting order: all but the last of a chain
+    /// (`Sending`), and the whole of a deferred chain (`Sent`). A signaled SEND or a cover
+    /// frees the `covers` oldest of them when it completes: those posted since the previous
+    /// one. Capacity for every slot, so pushing never allocates.
     pub unsignaled: VecDeque<u32>,
     /// Deferred responses posted since this qpair's last signaled SEND (at most
     /// `max_deferred`): the next signaled SEND, or a cover, covers them.
