@@ -13,11 +13,7 @@ use nvmf_tests::sim::*;
 /// command (its receive), not two, and the data is what was written.
 #[test]
 fn at_queue_depth_one_responses_take_no_completion_of_their_own() {
-    let mut lab = SimLab::new(61);
-    let host = lab.fabric.add_host(host_ip(1));
-    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
-    let budget = device_budget(&mut lab);
-    let mut io = io_queue(&mut lab, &host, cntlid, 32, 64 * 4096);
+    let (mut lab, mut admin, mut io, budget) = one_host(61, 64 * 4096);
     for i in 0..32u16 {
         let off = usize::from(i) * 4096;
         io.data.write_at(off, &pattern(i as u8, 4096));
@@ -63,6 +59,22 @@ fn at_queue_depth_one_responses_take_no_completion_of_their_own() {
     assert_eq!(r.buffers_out as u32, budget - r.deferral_budget, "{r:?}");
     io.disconnect();
     admin.disconnect();
+    assert_drained_with_budget(&mut lab, budget);
+}
+
+/// A lab with one host: its admin queue, an I/O queue of depth 32 with `data_len` bytes of
+/// data buffer, and the device's whole deferral budget (read before the I/O queue exists).
+fn one_host(seed: u64, data_len: usize) -> (SimLab, HostQueue, HostQueue, u32) {
+    let mut lab = SimLab::new(seed);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (admin, cntlid) = admin_queue(&mut lab, &host);
+    let budget = device_budget(&mut lab);
+    let io = io_queue(&mut lab, &host, cntlid, 32, data_len);
+    (lab, admin, io, budget)
+}
+
+/// Every qpair gone, nothing held, and the whole deferral budget back.
+fn assert_drained_with_budget(lab: &mut SimLab, budget: u32) {
     lab.assert_drained();
     assert_eq!(
         lab.resources(0).deferral_budget,
@@ -141,8 +153,7 @@ fn idle_hosts_hold_no_more_small_buffers_than_the_deferral_budget() {
         admin.disconnect();
     }
     first_admin.disconnect();
-    lab.assert_drained();
-    assert_eq!(lab.resources(0).deferral_budget as usize, budget);
+    assert_drained_with_budget(&mut lab, budget as u32);
 }
 
 /// A host that takes no more responses after Connect, and sends reads one at a time: each
@@ -199,11 +210,7 @@ fn a_host_that_stops_receiving_behind_deferred_responses_is_cut_off() {
 /// is lost; the host's earlier reads got their data.
 #[test]
 fn deferred_responses_of_a_qpair_whose_post_fails_leak_nothing() {
-    let mut lab = SimLab::new(64);
-    let host = lab.fabric.add_host(host_ip(1));
-    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
-    let budget = device_budget(&mut lab);
-    let mut io = io_queue(&mut lab, &host, cntlid, 32, 32 * 4096);
+    let (mut lab, mut admin, mut io, budget) = one_host(64, 32 * 4096);
     let before = lab.resources(0).requests_deferred;
     for i in 0..5u16 {
         let c = io.run(
@@ -229,12 +236,7 @@ fn deferred_responses_of_a_qpair_whose_post_fails_leak_nothing() {
     }
     drop(io);
     admin.disconnect();
-    lab.assert_drained();
-    assert_eq!(
-        lab.resources(0).deferral_budget,
-        budget,
-        "budget not given back"
-    );
+    assert_drained_with_budget(&mut lab, budget);
 }
 
 /// A host that reads once and goes idle: its deferred response is covered at the next
@@ -242,11 +244,7 @@ fn deferred_responses_of_a_qpair_whose_post_fails_leak_nothing() {
 /// while the host stays connected, and the qpair leaves the watch list.
 #[test]
 fn an_idle_qpair_s_deferred_responses_are_covered_within_ticks() {
-    let mut lab = SimLab::new(65);
-    let host = lab.fabric.add_host(host_ip(1));
-    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
-    let budget = device_budget(&mut lab);
-    let mut io = io_queue(&mut lab, &host, cntlid, 32, 4096);
+    let (mut lab, mut admin, mut io, budget) = one_host(65, 4096);
     lab.run_for(Duration::from_millis(50), Duration::from_millis(1));
     assert_eq!(lab.resources(0).requests_deferred, 0, "Connect not covered");
     let wrs = device_stat(&mut lab, "total_send_wrs");
@@ -274,5 +272,5 @@ fn an_idle_qpair_s_deferred_responses_are_covered_within_ticks() {
     assert!(io.send_errors.is_empty(), "{:?}", io.send_errors);
     io.disconnect();
     admin.disconnect();
-    lab.assert_drained();
+    assert_drained_with_budget(&mut lab, budget);
 }
