@@ -65,11 +65,20 @@ fn at_queue_depth_one_responses_take_no_completion_of_their_own() {
 /// A lab with one host: its admin queue, an I/O queue of depth 32 with `data_len` bytes of
 /// data buffer, and the device's whole deferral budget (read before the I/O queue exists).
 fn one_host(seed: u64, data_len: usize) -> (SimLab, HostQueue, HostQueue, u32) {
+    one_host_of_depth(seed, 32, data_len)
+}
+
+/// [`one_host`] with an I/O queue of `depth`.
+fn one_host_of_depth(
+    seed: u64,
+    depth: u16,
+    data_len: usize,
+) -> (SimLab, HostQueue, HostQueue, u32) {
     let mut lab = SimLab::new(seed);
     let host = lab.fabric.add_host(host_ip(1));
     let (admin, cntlid) = admin_queue(&mut lab, &host);
     let budget = device_budget(&mut lab);
-    let io = io_queue(&mut lab, &host, cntlid, 32, data_len);
+    let io = io_queue(&mut lab, &host, cntlid, depth, data_len);
     (lab, admin, io, budget)
 }
 
@@ -270,6 +279,53 @@ fn an_idle_qpair_s_deferred_responses_are_covered_within_ticks() {
     lab.run_for(Duration::from_millis(100), Duration::from_millis(1));
     assert_eq!(lab.housekeeping(0).qpairs_checked, covered);
     assert!(io.send_errors.is_empty(), "{:?}", io.send_errors);
+    io.disconnect();
+    admin.disconnect();
+    assert_drained_with_budget(&mut lab, budget);
+}
+
+/// A host that alternates queue depth 1 with bursts that fill its whole queue, as soon as
+/// it has seen the responses before: deferred responses still hold their slots then, and
+/// must never leave the burst without one (the target would take it for a queue overrun
+/// and close the queue). Found in the lab: `nvmf-perf -P 2` against our target.
+#[test]
+fn bursts_that_fill_the_queue_after_deferred_responses_never_overrun_it() {
+    let (mut lab, mut admin, mut io, budget) = one_host_of_depth(66, 8, 8 * 4096);
+    let depth = io.depth;
+    let mut cid = 1u16;
+    for round in 0..40 {
+        for _ in 0..12 {
+            let c = io.run(&mut lab, read_cmd(cid, 0, 8), keyed(0, 4096));
+            assert!(c.status().is_success(), "round {round}: {c:?}");
+            cid += 1;
+        }
+        // Half the spare slots at most: the other half is for completions not reaped yet.
+        let r = lab.resources(0);
+        assert!(
+            (1..=usize::from(depth) / 2).contains(&r.requests_deferred),
+            "round {round}: {r:?}"
+        );
+        // The whole queue at once: as many commands as it has entries, as a host that
+        // counts its queue's size in commands may send.
+        for k in 0..depth {
+            io.submit(read_cmd(cid + k, 0, 8), keyed(usize::from(k) * 4096, 4096));
+        }
+        cid += depth;
+        let mut answered = 0;
+        lab.until(20_000, |_| {
+            for c in io.poll() {
+                assert!(c.status().is_success(), "round {round}: {c:?}");
+                answered += 1;
+            }
+            answered == depth
+        });
+        assert_eq!(answered, depth, "round {round}");
+        assert_eq!(
+            lab.resources(0).qpairs,
+            2,
+            "round {round}: a queue was closed"
+        );
+    }
     io.disconnect();
     admin.disconnect();
     assert_drained_with_budget(&mut lab, budget);

@@ -495,10 +495,16 @@ impl Deferral<'_> {
     /// they hold)` if so.
     #[inline]
     fn small_buffers<V: Verbs>(&self, qp: &Qpair<V>, slots: &[u32]) -> Option<u32> {
-        // More than half the slots free: the host's queue depth stays free for its next
-        // commands whatever it does (see `slots_for`).
+        // Slots are twice the host's queue depth (`slots_for`): one depth for the commands it
+        // may have out, the other for responses it has seen before we freed them. Deferred
+        // ones are of the second kind, so they and every other response posted and not
+        // freed yet (`unsignaled`, and the signaled chains and READs in flight) stay within
+        // half a depth, leaving the rest to completions not reaped yet; and the host's own
+        // depth must be free when they are deferred.
+        let depth = qp.requests.len() / 2;
         if qp.uncovered + slots.len() as u32 > qp.max_deferred
-            || qp.acct.free.len() * 2 <= qp.requests.len()
+            || qp.unsignaled.len() + qp.signaled as usize + slots.len() > depth / 2
+            || qp.acct.free.len() <= depth
             || !qp.awaiting_read.is_empty()
             || qp.acct.parked() > 0
         {
