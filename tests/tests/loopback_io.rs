@@ -72,6 +72,35 @@ fn data_written_reads_back_on_both_block_sizes_and_queues() {
     assert_eq!(read(&mut lab, &mut ctrl, 0, 2, 100, 32, 4096), data);
 }
 
+/// A memory-backed bdev finishes an I/O on the spot, so the command completes in the step
+/// that received it: the response is out after the transport's own poll, before the core's
+/// part of the turn (bdev polls, wakeups) has run, and nothing is left in flight.
+#[test]
+fn a_memory_bdev_answers_in_the_step_that_received_the_command() {
+    let mut lab = lab();
+    let mut ctrl = linux_bring_up(&mut lab, NQN, 1);
+    let data = pattern(4096, 41);
+    let transport_poll_only = |lab: &mut LoopbackLab| {
+        lab.pg
+            .with_transport(0, |t, core| t.poll(core))
+            .expect("the loopback transport")
+    };
+    let cid = ctrl.cid();
+    ctrl.io[0].submit(with_buffer(Command::write(cid, 2, 5, 1), data.clone()));
+    assert!(transport_poll_only(&mut lab) > 0);
+    let written = ctrl.io[0].poll().expect("answered by the transport's poll");
+    expect_ok(&written);
+    assert_eq!(lab.pg.core.io_in_flight(), 0);
+
+    let cid = ctrl.cid();
+    ctrl.io[0].submit(reading(Command::read(cid, 2, 5, 1), 4096));
+    assert!(transport_poll_only(&mut lab) > 0);
+    let read = ctrl.io[0].poll().expect("answered by the transport's poll");
+    expect_ok(&read);
+    assert_eq!(read.host_buffer, data);
+    assert_eq!(lab.pg.core.io_in_flight(), 0);
+}
+
 #[test]
 fn in_capsule_write_executes_without_a_data_fetch() {
     let mut lab = lab();
@@ -288,12 +317,14 @@ fn many_commands_in_flight_on_one_queue_all_complete() {
 
 /// A host with more commands outstanding than any queue may hold (twice the largest depth,
 /// the slots an RDMA queue has) broke the protocol: its queue is closed, as an RDMA queue is,
-/// instead of growing without bound; another host's queue keeps working.
+/// instead of growing without bound; another host's queue keeps working. The flooder takes
+/// no responses, so its commands stay outstanding even on a bdev that finishes them at once.
 #[test]
 fn a_host_that_overruns_its_queue_loses_it_and_others_do_not_notice() {
     let mut lab = lab();
     let mut victim = linux_bring_up(&mut lab, NQN, 1);
     let mut flooder = linux_bring_up(&mut lab, NQN, 1);
+    flooder.io[0].set_receiving(false);
     let slots = 2 * usize::from(LOOPBACK_LIMITS.max_queue_depth);
     for i in 0..slots + 50 {
         let cid = flooder.cid();

@@ -17,6 +17,7 @@ use serde_json::json;
 use super::util::{self, delete_typed, reject_metadata, CompletionQueue, CHANNEL_DEPTH};
 use super::{
     check_range, Bdev, BdevChannel, BdevCompletion, BdevError, BdevIo, BdevRegistry, IoKind,
+    Submitted,
 };
 
 /// The shared memory of one malloc bdev.
@@ -206,6 +207,11 @@ impl BdevChannel for MallocChannel {
         let result = self.execute(&mut io);
         self.done.complete(io, result);
         Ok(())
+    }
+
+    fn submit_now(&mut self, mut io: BdevIo) -> Submitted {
+        let result = self.execute(&mut io);
+        Submitted::Done(util::completion(io, result))
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(BdevCompletion)) -> usize {

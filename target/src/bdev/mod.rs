@@ -102,6 +102,18 @@ pub struct BdevCompletion {
     pub buf: Option<IoBuf>,
 }
 
+/// What [`BdevChannel::submit_now`] did with an I/O.
+#[derive(Debug)]
+pub enum Submitted {
+    /// Finished already: its completion, which `poll` will not report.
+    Done(BdevCompletion),
+    /// Started: `poll` reports it.
+    Started,
+    /// Not started, out of resources: queue it and retry after a `poll` (as `submit`'s
+    /// `Err`).
+    Refused(BdevIo),
+}
+
 /// A device description, shared by all reactors.
 pub trait Bdev: Send + Sync + 'static {
     fn name(&self) -> &str;
@@ -141,6 +153,17 @@ pub trait BdevChannel {
     /// Starts an I/O. `Err(io)` gives it back unstarted when the channel is out of resources
     /// (ring full, too many in flight): queue it and retry after a `poll`.
     fn submit(&mut self, io: BdevIo) -> Result<(), BdevIo>;
+
+    /// Starts an I/O, and hands its completion straight back when the backend finished it
+    /// on the spot (memory-backed bdevs: null, malloc), so the command completes in the step
+    /// that submitted it, with no poll and no wakeup (the kernel target completes such a
+    /// bio inline too). The default starts it like `submit` and reports it from `poll`.
+    fn submit_now(&mut self, io: BdevIo) -> Submitted {
+        match self.submit(io) {
+            Ok(()) => Submitted::Started,
+            Err(io) => Submitted::Refused(io),
+        }
+    }
 
     /// Reports finished I/O through `done`, returns how many. Never blocks.
     fn poll(&mut self, done: &mut dyn FnMut(BdevCompletion)) -> usize;

@@ -10,6 +10,7 @@ use serde_json::json;
 use super::util::{self, delete_typed, reject_metadata, CompletionQueue, CHANNEL_DEPTH};
 use super::{
     check_range, Bdev, BdevChannel, BdevCompletion, BdevError, BdevIo, BdevRegistry, IoKind,
+    Submitted,
 };
 
 pub struct NullBdev {
@@ -97,19 +98,31 @@ struct NullChannel {
     done: CompletionQueue,
 }
 
+impl NullChannel {
+    fn execute(&self, io: &mut BdevIo) -> super::IoResult {
+        check_range(self.num_blocks, io, self.block_size)?;
+        if io.kind == IoKind::Read {
+            if let Some(buf) = io.buf.as_mut() {
+                buf.zero_fill();
+            }
+        }
+        Ok(())
+    }
+}
+
 impl BdevChannel for NullChannel {
     fn submit(&mut self, mut io: BdevIo) -> Result<(), BdevIo> {
         if self.done.is_full() {
             return Err(io);
         }
-        let result = check_range(self.num_blocks, &io, self.block_size);
-        if result.is_ok() && io.kind == IoKind::Read {
-            if let Some(buf) = io.buf.as_mut() {
-                buf.zero_fill();
-            }
-        }
+        let result = self.execute(&mut io);
         self.done.complete(io, result);
         Ok(())
+    }
+
+    fn submit_now(&mut self, mut io: BdevIo) -> Submitted {
+        let result = self.execute(&mut io);
+        Submitted::Done(util::completion(io, result))
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(BdevCompletion)) -> usize {

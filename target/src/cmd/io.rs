@@ -252,8 +252,10 @@ pub(crate) fn execute(
             return dataset_management(core, target, dsm, req);
         }
     };
-    match core.submit_io(slot, bdev_io) {
-        Ok(()) => Exec::Pending,
+    match core.submit_io_now(slot, bdev_io) {
+        // Finished on the spot (a memory-backed bdev): completed here, in this turn's step.
+        Ok(Some(done)) => on_bdev_complete(core, req, cmd, done),
+        Ok(None) => Exec::Pending,
         Err(status) => req.fail(status),
     }
 }
@@ -335,8 +337,7 @@ pub(crate) fn on_bdev_complete(
         _ => None,
     };
     if let Some(kind) = kind {
-        let took_ns = req.started_ns.map(|t| core.now_ns().saturating_sub(t));
-        core.count_io(req.ns, kind, req.len, took_ns);
+        core.count_io(req.ns, kind, req.len, req.started_ns);
     }
     match cmd {
         IoCmd::Compare(_) => {

@@ -68,6 +68,17 @@ pub struct NamespaceLatency {
     pub write: LatencyHistogram,
 }
 
+impl NamespaceLatency {
+    /// A finished read or write; errors have no latency of their own.
+    pub(crate) fn record(&mut self, kind: super::Counted, took: Duration) {
+        match kind {
+            super::Counted::Read => self.read.record(took),
+            super::Counted::Write => self.write.record(took),
+            super::Counted::Error => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

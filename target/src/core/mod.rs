@@ -12,13 +12,13 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nvmf_common::buffer::BufferPool;
 use nvmf_common::spec::{Status, FABRICS_OPCODE};
 use rustc_hash::FxHashMap;
 
-use crate::bdev::BdevIo;
+use crate::bdev::{BdevChannel, BdevCompletion, BdevIo, Submitted};
 use crate::cmd;
 use crate::core::controller::ControllerLocal;
 use crate::core::latency::NamespaceLatency;
@@ -128,6 +128,9 @@ const CLOCK_EVERY_TURNS: u32 = 8;
 /// without one. The core reading every 8 idle turns beside the reactor's own readings made
 /// some 19 readings per lull between bursts at queue depth 32.
 const CLOCK_EVERY_TURNS_FED: u32 = 256;
+/// Reads and writes whose latency waits for the next clock reading, at most (a turn's worth
+/// of completions at depth; more count with the turn's clock).
+const LATENCY_WAITING_MAX: usize = 1024;
 
 /// Where a core's time comes from: the system's monotonic clock, or a simulation's.
 enum Clock {
@@ -168,6 +171,11 @@ pub struct CoreCtx {
     /// `poll_namespace` (counted there, not taken from what `poll` returns).
     bdev_io_outstanding: usize,
     wakeups: Vec<(ReqTag, Wakeup)>,
+    /// Reads and writes that finished before the clock moved past their start (completed in
+    /// the step that submitted them): their latency is taken at the next reading, so a
+    /// memory-backed bdev's I/O is not reported as taking no time at all. (Namespace, kind,
+    /// start.) Capacity fixed at creation; past it, an I/O counts with the clock it has.
+    latency_waiting: Vec<(NsSlot, Counted, u64)>,
     pub(crate) aux_pool: Option<BufferPool>,
     clock: Clock,
     now_ms: u64,
@@ -214,6 +222,7 @@ impl CoreCtx {
             draining: Vec::new(),
             bdev_io_outstanding: 0,
             wakeups: Vec::with_capacity(256),
+            latency_waiting: Vec::with_capacity(LATENCY_WAITING_MAX),
             aux_pool: None,
             clock: Clock::System(Instant::now()),
             now_ms: 0,
@@ -305,6 +314,20 @@ impl CoreCtx {
         self.now_ns = ns;
         self.now_ms = ns / 1_000_000;
         self.turns_since_clock = 0;
+        if !self.latency_waiting.is_empty() {
+            self.record_waiting_latencies();
+        }
+    }
+
+    #[inline(never)]
+    fn record_waiting_latencies(&mut self) {
+        let now = self.now_ns;
+        for (slot, kind, started) in self.latency_waiting.drain(..) {
+            if let Some(gns) = self.ns_table.get_mut(slot) {
+                gns.latency
+                    .record(kind, Duration::from_nanos(now.saturating_sub(started)));
+            }
+        }
     }
 
     /// How many times this core read the clock itself.
@@ -640,59 +663,88 @@ impl CoreCtx {
         self.subsystems.get(&sid)?.namespaces.get(&nsid).copied()
     }
 
-    /// Submits an I/O to a namespace's channel, queueing it if the channel is busy.
+    /// Submits an I/O to a namespace's channel, queueing it if the channel is busy. Its
+    /// completion comes as a wakeup.
     pub(crate) fn submit_io(&mut self, slot: NsSlot, io: BdevIo) -> Result<(), Status> {
+        self.submit_with(slot, io, |channel, io| match channel.submit(io) {
+            Ok(()) => Submitted::Started,
+            Err(io) => Submitted::Refused(io),
+        })
+        .map(|_| ())
+    }
+
+    /// Submits an I/O like [`submit_io`](Self::submit_io), but a completion the channel
+    /// has at once ([`BdevChannel::submit_now`]) comes back here, for the caller to complete
+    /// its command in the same step: no poll, no wakeup, no dispatch.
+    pub(crate) fn submit_io_now(
+        &mut self,
+        slot: NsSlot,
+        io: BdevIo,
+    ) -> Result<Option<BdevCompletion>, Status> {
+        self.submit_with(slot, io, |channel, io| channel.submit_now(io))
+    }
+
+    #[inline(always)]
+    fn submit_with(
+        &mut self,
+        slot: NsSlot,
+        io: BdevIo,
+        submit: impl FnOnce(&mut dyn BdevChannel, BdevIo) -> Submitted,
+    ) -> Result<Option<BdevCompletion>, Status> {
         let gns = self
             .ns_table
             .get_mut(slot)
             .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+        // Behind I/O the channel refused earlier, in order.
+        let refused = if gns.retry.is_empty() {
+            match submit(gns.channel.as_mut(), io) {
+                Submitted::Done(done) => return Ok(Some(done)),
+                Submitted::Started => None,
+                Submitted::Refused(io) => Some(io),
+            }
+        } else {
+            Some(io)
+        };
+        if let Some(io) = refused {
+            gns.retry.push_back(io);
+            self.stats.pending_bdev_io += 1;
+        }
         self.bdev_io_outstanding += 1;
         if gns.out == 0 {
             self.busy_namespaces.push(slot);
         }
         gns.out += 1;
-        if !gns.retry.is_empty() {
-            gns.retry.push_back(io);
-            self.stats.pending_bdev_io += 1;
-            return Ok(());
-        }
-        if let Err(io) = gns.channel.submit(io) {
-            gns.retry.push_back(io);
-            self.stats.pending_bdev_io += 1;
-        }
-        Ok(())
+        Ok(None)
     }
 
     /// Counts a finished I/O command of `bytes` in the namespace's statistics and, for a read
-    /// or write that took `took_ns`, in this reactor's latency histogram: no lookup.
+    /// or write that started at `started_ns`, its latency in this reactor's histogram: no
+    /// lookup.
     pub(crate) fn count_io(
         &mut self,
         slot: NsSlot,
         kind: Counted,
         bytes: u32,
-        took_ns: Option<u64>,
+        started_ns: Option<u64>,
     ) {
         let group = self.group;
         let Some(gns) = self.ns_table.get_mut(slot) else {
             return;
         };
-        let (stats, latency) = (&gns.ns.stats, &mut gns.latency);
-        let histogram = match kind {
-            Counted::Error => {
-                stats.record_error(group);
-                return;
-            }
-            Counted::Read => {
-                stats.record_read(group, u64::from(bytes));
-                &mut latency.read
-            }
-            Counted::Write => {
-                stats.record_write(group, u64::from(bytes));
-                &mut latency.write
-            }
+        let stats = &gns.ns.stats;
+        match kind {
+            Counted::Error => return stats.record_error(group),
+            Counted::Read => stats.record_read(group, u64::from(bytes)),
+            Counted::Write => stats.record_write(group, u64::from(bytes)),
+        }
+        let Some(started) = started_ns else {
+            return;
         };
-        if let Some(ns) = took_ns {
-            histogram.record(std::time::Duration::from_nanos(ns));
+        if started == self.now_ns && self.latency_waiting.len() < LATENCY_WAITING_MAX {
+            self.latency_waiting.push((slot, kind, started));
+        } else {
+            let took = Duration::from_nanos(self.now_ns.saturating_sub(started));
+            gns.latency.record(kind, took);
         }
     }
 
