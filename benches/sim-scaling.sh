@@ -40,7 +40,7 @@ OUT=build/sim-scaling${SIM_TAG:+-$SIM_TAG}
 TABLE=$OUT.md
 CONNS=${SIM_CONNS:-"1 16 256 1000 4000"}
 REACTORS=${SIM_REACTORS:-"1 2"}
-OPS=${SIM_OPS:-"read write"}
+OPS=${SIM_OPS:-"read write write-inline"}
 SEPARATE_FROM=${SIM_SEPARATE_FROM:-256}
 
 # The example is run from a private copy: other builds in the workspace may replace
@@ -142,7 +142,9 @@ print("# Target cost per 4 KiB I/O on the simulated RDMA fabric\n")
 dirty = os.environ.get("DIRTY", "").strip()
 print(f"Built from {os.environ.get('SNAPSHOT', '?')}"
       + (f" with uncommitted changes to {dirty}" if dirty else "") + ". "
-      "QD1 on every connection, all connections outstanding at once; null bdev; "
+      "QD1 on every connection, all connections outstanding at once; null bdev; write: keyed "
+      "SGL, the target fetches the data with an RDMA READ; write-inline: the data in the "
+      "command capsule, as Linux and SPDK hosts send a 4 KiB write; "
       "instructions from callgrind over the measured phase only (target = the reactors' "
       "`PollGroup::poll` minus the simulator calls it makes; whole = the measured phase of the "
       "process: target, simulated NIC, host and driver); verbs calls are the target's "

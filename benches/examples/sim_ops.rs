@@ -4,6 +4,10 @@
 //!     cargo build --release -p nvmf-benches --examples
 //!     build/release/examples/sim_ops OP CONNS_PER_REACTOR REACTORS IOS [shared|separate]
 //!
+//! OP: `read`, `write` (keyed SGL: the target fetches the data with an RDMA READ) or
+//! `write-inline` (the data in the command capsule, as Linux and SPDK hosts send writes up
+//! to the target's in-capsule data size, 4 KiB by default).
+//!
 //! `benches/sim-scaling.sh` runs the matrix under callgrind and makes the table.
 //!
 //! # Set-up
@@ -32,7 +36,8 @@
 //!
 //! Rounds: one command on every connection (QD1 per connection, all connections outstanding
 //! together; `SIM_OUTSTANDING` commands per connection instead, below `SIM_DEPTH`, for a
-//! connection at queue depth; 4 KiB, one block, keyed SGL into the host's registered buffer), then turns until
+//! connection at queue depth; 4 KiB, one block, keyed SGL into the host's registered buffer, or
+//! in the capsule for `write-inline`), then turns until
 //! the fabric and the reactors are idle, then the host reaps every response; repeated until
 //! IOS commands completed (the last round may cover part of the connections). Warm-up rounds
 //! come first, enough for 2,048 I/Os per reactor (at least 2; `SIM_WARMUP_ROUNDS`), so every
@@ -87,7 +92,11 @@ const CQE_LEN: usize = 16;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Op {
     Read,
+    /// Keyed SGL: the target fetches the data with an RDMA READ.
     Write,
+    /// In-capsule data: how Linux's nvme-rdma and SPDK's initiator send a write no larger
+    /// than the target's in-capsule data size (4 KiB by default).
+    WriteInCapsule,
 }
 
 /// One I/O queue of the host.
@@ -133,7 +142,9 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: sim_ops read|write CONNS_PER_REACTOR REACTORS IOS [shared|separate]");
+    eprintln!(
+        "usage: sim_ops read|write|write-inline CONNS_PER_REACTOR REACTORS IOS [shared|separate]"
+    );
     std::process::exit(2)
 }
 
@@ -145,6 +156,7 @@ fn main() {
     let op = match args[0].as_str() {
         "read" => Op::Read,
         "write" => Op::Write,
+        "write-inline" => Op::WriteInCapsule,
         _ => usage(),
     };
     let per_reactor: usize = args[1].parse().unwrap_or_else(|_| usage());
@@ -359,22 +371,25 @@ fn round(
     host: &mut HostCalls,
     empty: &mut u64,
 ) -> u64 {
+    let keyed = Data::Keyed {
+        offset: 0,
+        len: IO_LEN,
+    };
+    let in_capsule = Data::InCapsule {
+        offset: 0,
+        len: IO_LEN,
+    };
     for c in conns.iter_mut() {
         c.cid = (c.cid + per_conn) & 0x0fff;
         for k in 0..per_conn {
             c.slba = (c.slba + 1) % NULL_BLOCKS;
             let cid = (c.cid + k) & 0x0fff;
-            let cmd = match op {
-                Op::Read => Command::read(cid, c.nsid, c.slba, 1),
-                Op::Write => Command::write(cid, c.nsid, c.slba, 1),
+            let (cmd, data) = match op {
+                Op::Read => (Command::read(cid, c.nsid, c.slba, 1), keyed),
+                Op::Write => (Command::write(cid, c.nsid, c.slba, 1), keyed),
+                Op::WriteInCapsule => (Command::write(cid, c.nsid, c.slba, 1), in_capsule),
             };
-            c.q.submit(
-                cmd,
-                Data::Keyed {
-                    offset: 0,
-                    len: IO_LEN,
-                },
-            );
+            c.q.submit(cmd, data);
             host.post_send_calls += 1;
             host.send_wrs += 1;
         }
@@ -507,6 +522,7 @@ fn report(
     let op_name = match op {
         Op::Read => "read",
         Op::Write => "write",
+        Op::WriteInCapsule => "write-inline",
     };
     println!(
         "{op_name} 4 KiB, {per_reactor} connections/reactor x {reactors} reactors, {mode} namespace: {} I/Os in {} rounds, {} turns ({:.2} per round), {:.1} us virtual, {:.3} s wall ({:.2} us/I/O)",

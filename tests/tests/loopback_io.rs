@@ -101,6 +101,59 @@ fn a_memory_bdev_answers_in_the_step_that_received_the_command() {
     assert_eq!(lab.pg.core.io_in_flight(), 0);
 }
 
+/// A queue remembers the namespace its last command resolved; a namespace detached and
+/// another attached under the same NSID in between is the new one to that queue's next
+/// command, never the old one's bytes, and a detached NSID is refused.
+#[test]
+fn a_namespace_replaced_under_a_queues_last_nsid_is_the_new_one_to_it() {
+    let mut lab = lab();
+    lab.malloc("Replacement", 4096, 512);
+    let mut ctrl = linux_bring_up(&mut lab, NQN, 1);
+    let old = pattern(4096, 3);
+    let cid = ctrl.cid();
+    expect_ok(&ctrl.io(
+        &mut lab,
+        0,
+        with_buffer(Command::write(cid, 1, 0, 8), old.clone()),
+    ));
+    assert_eq!(read(&mut lab, &mut ctrl, 0, 1, 0, 8, 512), old);
+
+    lab.target.remove_namespace(NQN, 1).unwrap();
+    lab.pg.poll();
+    // Another tenant's namespace appears (on the table index the detached one freed).
+    let other_nqn = "nqn.2016-06.io.spdk:other";
+    lab.malloc("Other", 4096, 512);
+    lab.subsystem(other_nqn, &["Other"]);
+    let mut other = linux_bring_up(&mut lab, other_nqn, 1);
+    let secret = pattern(4096, 200);
+    let cid = other.cid();
+    expect_ok(&other.io(
+        &mut lab,
+        0,
+        with_buffer(Command::write(cid, 1, 0, 8), secret.clone()),
+    ));
+    let cid = ctrl.cid();
+    let r = ctrl.io(&mut lab, 0, reading(Command::read(cid, 1, 0, 8), 4096));
+    assert_eq!(r.cqe.status(), Status::INVALID_NAMESPACE.with_dnr());
+    assert_ne!(
+        r.host_buffer, secret,
+        "no byte of the other tenant's namespace"
+    );
+
+    let replacement = nvmf_target::target::NamespaceOptions {
+        bdev_name: "Replacement".into(),
+        nsid: Some(1),
+        ..Default::default()
+    };
+    lab.target.add_namespace(NQN, replacement).unwrap();
+    lab.pg.poll();
+    assert_eq!(
+        read(&mut lab, &mut ctrl, 0, 1, 0, 8, 512),
+        vec![0; 4096],
+        "the new namespace, not the old one's data"
+    );
+}
+
 #[test]
 fn in_capsule_write_executes_without_a_data_fetch() {
     let mut lab = lab();

@@ -70,10 +70,22 @@ pub(crate) fn prepare(
     // A namespace masked from this host is an inactive NSID to it: Invalid Namespace or
     // Format, as SPDK answers (`nvmf_ctrlr_get_ns` finds nothing for an invisible NSID).
     // The command's one namespace lookup: execute and completion use the slot.
-    let slot = core
-        .resolve_namespace(sid, nsid, &ctrl.hostnqn)
-        .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
-    let group_ns = core.namespace(slot).expect("just resolved");
+    let (last_nsid, last_slot) = q.last_namespace;
+    let cached = (last_nsid == nsid)
+        .then(|| core.namespace(last_slot))
+        .flatten()
+        .filter(|g| g.config.ns_visible(&g.ns, &ctrl.hostnqn));
+    let group_ns = match cached {
+        Some(g) => g,
+        None => {
+            let slot = core
+                .resolve_namespace(sid, nsid, &ctrl.hostnqn)
+                .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+            q.last_namespace = (nsid, slot);
+            core.namespace(slot).expect("just resolved")
+        }
+    };
+    let slot = q.last_namespace.1;
     let ns = &group_ns.ns;
     // Through a path whose ANA group is inaccessible, lost or in transition no I/O command
     // runs (NVMe 2.0 base, 8.1.3); the status sends a multipath host to another path.

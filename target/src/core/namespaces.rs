@@ -1,7 +1,8 @@
 //! A reactor's namespaces: one table entry per namespace it has a bdev channel to, found by
-//! index. A command resolves its namespace once, in `prepare` (two hash lookups: subsystem,
-//! then NSID); the visibility re-check at execute, the bdev submission and the completion's
-//! accounting go straight to the entry through the request's [`NsSlot`].
+//! index. A command resolves its namespace once, in `prepare` (the slot its queue's last
+//! command resolved, if it named the same NSID and the slot is live; else two hash lookups:
+//! subsystem, then NSID); the visibility re-check at execute, the bdev submission and the
+//! completion's accounting go straight to the entry through the request's [`NsSlot`].
 //!
 //! An entry removed while requests still name it (the namespace was detached or replaced)
 //! moves its generation on, so those requests find nothing instead of another namespace that

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::core::controller::ControllerShared;
+use crate::core::namespaces::NsSlot;
 use crate::core::subsystem::{ListenAddress, SubsystemId};
 use crate::core::transport::TransportLimits;
 
@@ -27,6 +28,11 @@ pub struct QueueState {
     pub(crate) admitted: bool,
     /// When the core first saw this queue without a controller (before Connect).
     pub(crate) unconnected_since_ms: Option<u64>,
+    /// The NSID this queue's last I/O command named and the namespace it resolved to:
+    /// hosts send most commands of a queue to one namespace, and a hit saves the two hash
+    /// lookups. Valid while the slot is live: a namespace detached or replaced leaves the
+    /// table, and its slot's generation moves on.
+    pub(crate) last_namespace: (u32, NsSlot),
 }
 
 impl QueueState {
@@ -48,6 +54,7 @@ impl QueueState {
             sq_head: 0,
             admitted: false,
             unconnected_since_ms: None,
+            last_namespace: (0, NsSlot::default()),
         }
     }
 
