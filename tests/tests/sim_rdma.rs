@@ -98,9 +98,10 @@ fn stale_waiters_of_a_reaped_qpair_are_not_served_to_the_next_one() {
     let large = |i: u16| keyed(usize::from(i) * 16 * 1024, 16 * 1024);
     let small = |i: u16| keyed(usize::from(i) * 16 * 1024, 4096);
     // Eight pinning queues: four pin the whole large pool (64 buffers, at most 16 per qpair)
-    // with 16 writes each, four the small one (256, at most 64 per qpair) with 64. A ninth
-    // queues one small and one large write, which head the buffer FIFOs while both pools are
-    // empty.
+    // with 16 reads each, four the small one (256, at most 64 per qpair) with 64 (a read's
+    // response holds its buffer until the SEND completes; a write's gives it back when it is
+    // queued). A ninth queues one small and one large read, which head the buffer FIFOs
+    // while both pools are empty.
     let mut pinning = Vec::new();
     for qid in 1..=9u16 {
         let q = stalled_io_queue(&mut lab, &hostile, hostile_cntlid, qid, 64, 64 * 16 * 1024);
@@ -109,14 +110,14 @@ fn stale_waiters_of_a_reaped_qpair_are_not_served_to_the_next_one() {
     let mut a = io_queue(&mut lab, &host, cntlid, 128, 100 * 16 * 1024);
     for (n, q) in pinning.iter_mut().enumerate() {
         if n == 8 {
-            q.submit(write_cmd(1, 0, 8), small(0));
-            q.submit(write_cmd(2, 0, 32), large(1));
+            q.submit(read_cmd(1, 0, 8), small(0));
+            q.submit(read_cmd(2, 0, 32), large(1));
         } else {
             let count = if n < 4 { 16 } else { 64 };
             for i in 0..count {
                 let data = if n < 4 { large(i) } else { small(i) };
                 let blocks = if n < 4 { 32 } else { 8 };
-                q.submit(write_cmd(i + 1, u64::from(i) * 32, blocks), data);
+                q.submit(read_cmd(i + 1, u64::from(i) * 32, blocks), data);
             }
         }
         lab.run_for(Duration::from_millis(2), Duration::from_millis(1));
@@ -1000,6 +1001,65 @@ fn refused_in_capsule_commands_of_a_host_that_takes_no_responses_hold_no_capsule
         );
         assert!(c.status().is_success(), "{c:?}");
     }
+    drop(stalled);
+    io.disconnect();
+    admin.disconnect();
+    hostile_admin.disconnect();
+    lab.assert_drained();
+}
+
+/// A write's response carries no data: its buffer (a pool buffer filled by an RDMA READ, or
+/// the capsule buffer it executed from) goes back when the response is queued. A host that
+/// writes and then takes no responses holds its request slots, stuck in RNR, but no data
+/// buffer and no receive slot, so it cannot drain the pools every host shares.
+#[test]
+fn writes_of_a_host_that_takes_no_responses_hold_no_data_buffer() {
+    let mut lab = SimLab::new(23);
+    let host = lab.fabric.add_host(host_ip(1));
+    let hostile = lab.fabric.add_host(host_ip(2));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let (mut hostile_admin, hostile_cntlid) = admin_queue(&mut lab, &hostile);
+    let mut stalled = stalled_io_queue(&mut lab, &hostile, hostile_cntlid, 1, 64, 64 * 4096);
+    // Keyed writes first: their READs complete before the first response is stuck in RNR
+    // (which stalls everything posted after it on that queue). Then in-capsule ones.
+    for i in 0..8u16 {
+        stalled.submit(
+            write_cmd(i + 1, u64::from(i) * 8, 8),
+            keyed(usize::from(i) * 4096, 4096),
+        );
+    }
+    lab.run_for(Duration::from_millis(5), Duration::from_millis(1));
+    for i in 8..56u16 {
+        stalled.submit(
+            write_cmd(i + 1, u64::from(i) * 8, 8),
+            Data::InCapsule {
+                offset: usize::from(i) * 4096,
+                len: 4096,
+            },
+        );
+    }
+    lab.run_for(Duration::from_millis(20), Duration::from_millis(1));
+    let r = lab.resources(0);
+    assert!(
+        r.requests_in_use + r.requests_deferred >= 56,
+        "the responses wait in RNR: {r:?}"
+    );
+    assert_eq!(
+        r.buffers_out, 0,
+        "data buffers held by answered writes: {r:?}"
+    );
+    assert_eq!(r.recv_slots_held, 0, "{r:?}");
+
+    let mut io = io_queue(&mut lab, &host, cntlid, 16, 16 * 4096);
+    let data = pattern(9, 4096);
+    io.data.write_at(0, &data);
+    let c = io.run(&mut lab, write_cmd(1, 4000, 8), keyed(0, 4096));
+    assert!(c.status().is_success(), "{c:?}");
+    let c = io.run(&mut lab, read_cmd(2, 4000, 8), keyed(4096, 4096));
+    assert!(c.status().is_success(), "{c:?}");
+    let mut back = vec![0; 4096];
+    io.data.read_at(4096, &mut back);
+    assert_eq!(back, data);
     drop(stalled);
     io.disconnect();
     admin.disconnect();
