@@ -211,11 +211,14 @@ pub(super) fn release(acct: &mut SlotAccounts, r: &mut RdmaRequest) {
 
 /// A response without data for the host (a write's, a failed command's) reads nothing from
 /// its request's data buffer (or the capsule buffer a write executed from): the buffer goes
-/// back now, not at the SEND's completion, so a write's response holds no buffer while it
-/// waits for room, is in flight or is deferred. Waiters for the class are served by the
+/// back as the response heads for the wire, not at the SEND's completion, so a write's
+/// response holds no buffer while it waits for room, is in flight or is deferred. Waiters for the class are served by the
 /// next turn's buffer loop; requests parked on this qpair wait for its next SEND's
 /// completion, as before.
-pub(super) fn drop_data(acct: &mut SlotAccounts, r: &mut RdmaRequest) {
+pub(super) fn drop_unsent_data(acct: &mut SlotAccounts, r: &mut RdmaRequest) {
+    if wrs_of(r) != 1 {
+        return;
+    }
     r.req.data = None;
     r.capsule = None;
     if let Some(c) = r.buf_class.take() {
@@ -272,9 +275,6 @@ pub(super) fn try_queue<V: Verbs>(qp: &mut Qpair<V>, si: u32) -> (SendOutcome, b
     }
     let r = &mut qp.requests[si as usize];
     let wrs = wrs_of(r);
-    if wrs == 1 {
-        drop_data(&mut qp.acct, r);
-    }
     if qp.sq_used + wrs > qp.sq_capacity {
         return (SendOutcome::NoRoom, false);
     }

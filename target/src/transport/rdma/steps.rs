@@ -8,7 +8,7 @@ use nvmf_common::rdma::Verbs;
 use nvmf_common::spec::Status;
 
 use super::poll_group::{class_index, RdmaPollGroup};
-use super::qpair::{release, try_queue, Qpair, SendOutcome};
+use super::qpair::{drop_unsent_data, release, try_queue, Qpair, SendOutcome};
 use super::read_batch::queue_read;
 use super::request::{HostData, State};
 use super::wait_queue::{WaitQueue, Waiter};
@@ -150,6 +150,9 @@ impl<V: Verbs> RequestTransport for RdmaPollGroup<V> {
         let Some(qp) = self.qpairs[id.qpair].as_mut() else {
             return;
         };
+        if let Some(r) = qp.requests.get_mut(id.slot as usize) {
+            drop_unsent_data(&mut qp.acct, r);
+        }
         if attempt == Attempt::Fresh && !self.need_send.is_empty() {
             return self.need_send.push(id);
         }
