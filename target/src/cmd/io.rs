@@ -69,23 +69,23 @@ pub(crate) fn prepare(
     let sid = q.subsystem.expect("connected queues have a subsystem");
     // A namespace masked from this host is an inactive NSID to it: Invalid Namespace or
     // Format, as SPDK answers (`nvmf_ctrlr_get_ns` finds nothing for an invisible NSID).
-    // The command's one namespace lookup: execute and completion use the slot.
+    // The command's one namespace lookup: execute and completion use the slot. The queue's
+    // last one serves again if it is still live and visible (see `QueueState`).
     let (last_nsid, last_slot) = q.last_namespace;
-    let cached = (last_nsid == nsid)
-        .then(|| core.namespace(last_slot))
-        .flatten()
-        .filter(|g| g.config.ns_visible(&g.ns, &ctrl.hostnqn));
-    let group_ns = match cached {
-        Some(g) => g,
-        None => {
-            let slot = core
-                .resolve_namespace(sid, nsid, &ctrl.hostnqn)
-                .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
-            q.last_namespace = (nsid, slot);
-            core.namespace(slot).expect("just resolved")
-        }
+    let reusable = last_nsid == nsid
+        && core
+            .namespace(last_slot)
+            .is_some_and(|g| g.config.ns_visible(&g.ns, &ctrl.hostnqn));
+    let slot = if reusable {
+        last_slot
+    } else {
+        let slot = core
+            .resolve_namespace(sid, nsid, &ctrl.hostnqn)
+            .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+        q.last_namespace = (nsid, slot);
+        slot
     };
-    let slot = q.last_namespace.1;
+    let group_ns = core.namespace(slot).expect("just resolved");
     let ns = &group_ns.ns;
     // Through a path whose ANA group is inaccessible, lost or in transition no I/O command
     // runs (NVMe 2.0 base, 8.1.3); the status sends a multipath host to another path.

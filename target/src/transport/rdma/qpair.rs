@@ -212,18 +212,20 @@ pub(super) fn release(acct: &mut SlotAccounts, r: &mut RdmaRequest) {
 /// A response without data for the host (a write's, a failed command's) reads nothing from
 /// its request's data buffer (or the capsule buffer a write executed from): the buffer goes
 /// back as the response heads for the wire, not at the SEND's completion, so a write's
-/// response holds no buffer while it waits for room, is in flight or is deferred. Waiters for the class are served by the
-/// next turn's buffer loop; requests parked on this qpair wait for its next SEND's
-/// completion, as before.
-pub(super) fn drop_unsent_data(acct: &mut SlotAccounts, r: &mut RdmaRequest) {
-    if wrs_of(r) != 1 {
-        return;
+/// response holds no buffer while it waits for room, is in flight or is deferred. Waiters
+/// for the class are served by the next turn's buffer loop; requests parked on this qpair
+/// wait for its next SEND's completion, as before. Returns the work requests the response
+/// takes ([`wrs_of`]), for [`try_queue`].
+pub(super) fn drop_unsent_data(acct: &mut SlotAccounts, r: &mut RdmaRequest) -> u32 {
+    let wrs = wrs_of(r);
+    if wrs == 1 {
+        r.req.data = None;
+        r.capsule = None;
+        if let Some(c) = r.buf_class.take() {
+            acct.held[usize::from(c)] -= 1;
+        }
     }
-    r.req.data = None;
-    r.capsule = None;
-    if let Some(c) = r.buf_class.take() {
-        acct.held[usize::from(c)] -= 1;
-    }
+    wrs
 }
 
 /// What becomes of a response's data buffer when posting its work requests failed.
@@ -266,20 +268,19 @@ pub(super) enum SendOutcome {
     Failed,
 }
 
-/// Reserves send queue room for the response of `si` (and the read data before it) and
-/// adds it to the qpair's batch, posted once per poll turn by [`flush_batch`]. Returns
+/// Reserves send queue room for the response of `si` (`wrs` work requests: the read data
+/// before it, if any, and the SEND) and adds it to the qpair's batch, posted once per poll
+/// turn by [`flush_batch`]. Returns
 /// whether the qpair had nothing waiting to be posted before (it must be flushed).
-pub(super) fn try_queue<V: Verbs>(qp: &mut Qpair<V>, si: u32) -> (SendOutcome, bool) {
+pub(super) fn try_queue<V: Verbs>(qp: &mut Qpair<V>, si: u32, wrs: u32) -> (SendOutcome, bool) {
     if qp.broken {
         return (SendOutcome::Failed, false);
     }
-    let r = &mut qp.requests[si as usize];
-    let wrs = wrs_of(r);
     if qp.sq_used + wrs > qp.sq_capacity {
         return (SendOutcome::NoRoom, false);
     }
     qp.sq_used += wrs;
-    r.state = State::Batched;
+    qp.requests[si as usize].state = State::Batched;
     let first = qp.batch.is_empty() && qp.reads.is_empty();
     qp.batch.push(si);
     (SendOutcome::Queued, first)

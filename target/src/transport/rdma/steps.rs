@@ -150,13 +150,14 @@ impl<V: Verbs> RequestTransport for RdmaPollGroup<V> {
         let Some(qp) = self.qpairs[id.qpair].as_mut() else {
             return;
         };
-        if let Some(r) = qp.requests.get_mut(id.slot as usize) {
-            drop_unsent_data(&mut qp.acct, r);
-        }
+        let Some(r) = qp.requests.get_mut(id.slot as usize) else {
+            return;
+        };
+        let wrs = drop_unsent_data(&mut qp.acct, r);
         if attempt == Attempt::Fresh && !self.need_send.is_empty() {
             return self.need_send.push(id);
         }
-        match try_queue(qp, id.slot) {
+        match try_queue(qp, id.slot, wrs) {
             (SendOutcome::NoRoom, _) => enqueue(&mut self.need_send, id, attempt),
             (SendOutcome::Queued, true) => self.dirty.push(id.qpair),
             (SendOutcome::Queued, false) => {}
