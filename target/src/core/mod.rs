@@ -12,7 +12,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nvmf_common::buffer::BufferPool;
 use nvmf_common::spec::{Status, FABRICS_OPCODE};
@@ -173,9 +173,11 @@ pub struct CoreCtx {
     wakeups: Vec<(ReqTag, Wakeup)>,
     /// Reads and writes that finished before the clock moved past their start (completed in
     /// the step that submitted them): their latency is taken at the next reading, so a
-    /// memory-backed bdev's I/O is not reported as taking no time at all. (Namespace, kind,
-    /// start.) Capacity fixed at creation; past it, an I/O counts with the clock it has.
-    latency_waiting: Vec<(NsSlot, Counted, u64)>,
+    /// memory-backed bdev's I/O is not reported as taking no time at all. They all started at
+    /// `now_ns`, so each entry is (namespace, kind, how many): a turn's I/Os on one namespace
+    /// are one entry, recorded at once. Capacity fixed at creation; past it, an I/O counts
+    /// with the clock it has.
+    latency_waiting: Vec<(NsSlot, Counted, u32)>,
     pub(crate) aux_pool: Option<BufferPool>,
     clock: Clock,
     now_ms: u64,
@@ -311,22 +313,21 @@ impl CoreCtx {
     }
 
     fn set_now(&mut self, ns: u64) {
+        if !self.latency_waiting.is_empty() {
+            self.record_waiting_latencies(ns.saturating_sub(self.now_ns));
+        }
         self.now_ns = ns;
         self.now_ms = ns / 1_000_000;
         self.turns_since_clock = 0;
-        if !self.latency_waiting.is_empty() {
-            self.record_waiting_latencies();
-        }
     }
 
+    /// The I/Os that finished in the clock's last reading took until this one: `took_ns`.
     #[inline(never)]
-    fn record_waiting_latencies(&mut self) {
-        let now = self.now_ns;
+    fn record_waiting_latencies(&mut self, took_ns: u64) {
         // Walked then cleared (a `drain` costs more than one entry's record).
-        for &(slot, kind, started) in &self.latency_waiting {
+        for &(slot, kind, count) in &self.latency_waiting {
             if let Some(gns) = self.ns_table.get_mut(slot) {
-                gns.latency
-                    .record(kind, Duration::from_nanos(now.saturating_sub(started)));
+                gns.latency.record_many(kind, took_ns, count);
             }
         }
         self.latency_waiting.clear();
@@ -742,12 +743,22 @@ impl CoreCtx {
         let Some(started) = started_ns else {
             return;
         };
-        if started == self.now_ns && self.latency_waiting.len() < LATENCY_WAITING_MAX {
-            self.latency_waiting.push((slot, kind, started));
-        } else {
-            let took = Duration::from_nanos(self.now_ns.saturating_sub(started));
-            gns.latency.record(kind, took);
+        if started == self.now_ns {
+            // Most turns' I/Os are of one namespace and kind: one entry counts them all.
+            let waiting = &mut self.latency_waiting;
+            if let Some((s, k, count)) = waiting.last_mut() {
+                if *s == slot && *k == kind {
+                    *count += 1;
+                    return;
+                }
+            }
+            if waiting.len() < LATENCY_WAITING_MAX {
+                waiting.push((slot, kind, 1));
+                return;
+            }
         }
+        gns.latency
+            .record_many(kind, self.now_ns.saturating_sub(started), 1);
     }
 
     /// This reactor's latency histograms: (subsystem NQN, NSID, histograms) of every namespace
