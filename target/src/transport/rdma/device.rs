@@ -8,13 +8,13 @@
 
 use std::sync::Arc;
 
+use arrayvec::ArrayVec;
 use nvmf_common::buffer::{BufferPool, IoBuf, SizedPools, BUFFER_ALIGN, SMALL_BUFSIZE};
 use nvmf_common::rdma::{
     register_pool, AccessFlags, DeviceCapFlags, DmaBuf, RecvWr, Sge, Transport, Verbs,
     VerbsContext, VerbsCq, VerbsSrq, MAX_CHAIN,
 };
 use nvmf_common::spec::Command;
-use smallvec::SmallVec;
 use zerocopy::FromBytes;
 
 use super::request::{wr_id, WrKind};
@@ -314,7 +314,7 @@ impl<V: Verbs> DeviceResources<V> {
             let start = self.repost.len() - want;
             let mut starved = false;
             // Only the entries this chain uses are built (see `flush_batch`).
-            let mut sges: SmallVec<[[Sge; 2]; MAX_CHAIN]> = SmallVec::new();
+            let mut sges: ArrayVec<[Sge; 2], MAX_CHAIN> = ArrayVec::new();
             for &slot in &self.repost[start..] {
                 let cmd = self
                     .recv_cmds
@@ -342,7 +342,7 @@ impl<V: Verbs> DeviceResources<V> {
             if n > 0 {
                 let sge_count = if self.capsules.is_some() { 2 } else { 1 };
                 let slots = &self.repost[start..start + n];
-                let chain: SmallVec<[RecvWr<'_>; MAX_CHAIN]> = slots
+                let chain: ArrayVec<RecvWr<'_>, MAX_CHAIN> = slots
                     .iter()
                     .zip(&sges)
                     .map(|(&slot, sge)| {

@@ -3,10 +3,10 @@
 
 use std::collections::VecDeque;
 
+use arrayvec::ArrayVec;
 use nvmf_common::rdma::{
     CmIdToken, DmaBuf, Payload, RdmaError, SendOp, SendWr, Sge, Verbs, VerbsQp, MAX_CHAIN,
 };
-use smallvec::SmallVec;
 use zerocopy::IntoBytes;
 
 use super::read_batch::{read_wr, settle_read};
@@ -385,8 +385,10 @@ pub(super) fn flush_batch<V: Verbs, const LEAD_READS: bool, const DEFER: bool>(
         }
         // Only the entries this chain uses are built: at one or two requests a chain, filling
         // and zeroing all MAX_CHAIN of each array cost more than the requests themselves.
-        let mut rsp_sges: SmallVec<[[Sge; 1]; MAX_CHAIN]> = SmallVec::new();
-        let mut data_sges: SmallVec<[[Sge; 1]; MAX_CHAIN]> = SmallVec::new();
+        // `ArrayVec`s: a push is a bound check and a store (a `SmallVec` asks each time
+        // whether it spilled). The chain fits by construction: at most `MAX_CHAIN` WRs.
+        let mut rsp_sges: ArrayVec<[Sge; 1], MAX_CHAIN> = ArrayVec::new();
+        let mut data_sges: ArrayVec<[Sge; 1], MAX_CHAIN> = ArrayVec::new();
         for &si in &slots[..n_req] {
             let r = &qp.requests[si as usize];
             if let Some(responses) = &mut qp.responses {
@@ -398,7 +400,7 @@ pub(super) fn flush_batch<V: Verbs, const LEAD_READS: bool, const DEFER: bool>(
             }
             data_sges.push([r.data_source_sge().unwrap_or_default()]);
         }
-        let mut read_sges: SmallVec<[[Sge; 1]; MAX_CHAIN]> = SmallVec::new();
+        let mut read_sges: ArrayVec<[Sge; 1], MAX_CHAIN> = ArrayVec::new();
         for &si in &qp.reads[..reads] {
             read_sges.push([qp.requests[si as usize].data_sge().unwrap_or_default()]);
         }
@@ -409,7 +411,7 @@ pub(super) fn flush_batch<V: Verbs, const LEAD_READS: bool, const DEFER: bool>(
             None
         };
         let deferred = small.is_some();
-        let mut chain: SmallVec<[SendWr<'_>; MAX_CHAIN]> = SmallVec::new();
+        let mut chain: ArrayVec<SendWr<'_>, MAX_CHAIN> = ArrayVec::new();
         for (j, &si) in qp.reads[..reads].iter().enumerate() {
             chain.extend(read_wr(qp, qi, si, &read_sges[j]));
         }

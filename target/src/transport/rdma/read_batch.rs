@@ -6,8 +6,8 @@
 //! one doorbell per qpair and turn, not one per command (on soft-RoCE every doorbell is a
 //! system call that builds the packets).
 
+use arrayvec::ArrayVec;
 use nvmf_common::rdma::{RdmaError, SendWr, Sge, Verbs, VerbsQp, MAX_CHAIN};
-use smallvec::SmallVec;
 
 use super::qpair::{fate_in_failed_chain, release, Fate, Qpair};
 use super::request::{wr_id, HostData, State, WrKind};
@@ -48,12 +48,12 @@ pub(super) fn flush_reads<V: Verbs>(qi: usize, qp: &mut Qpair<V>) -> (u32, u32) 
             }
         } else {
             let slots = &qp.reads[next..end];
-            // A plain array: cheaper to fill than a SmallVec to extend, at a handful of READs.
+            // A plain array: cheaper to fill than a vector to extend, at a handful of READs.
             let mut sges = [[Sge::default(); 1]; MAX_CHAIN];
             for (sge, &si) in sges.iter_mut().zip(slots) {
                 *sge = [qp.requests[si as usize].data_sge().unwrap_or_default()];
             }
-            let mut chain: SmallVec<[SendWr<'_>; MAX_CHAIN]> = SmallVec::new();
+            let mut chain: ArrayVec<SendWr<'_>, MAX_CHAIN> = ArrayVec::new();
             for (j, &si) in slots.iter().enumerate() {
                 chain.extend(read_wr(qp, qi, si, &sges[j]));
             }
