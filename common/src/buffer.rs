@@ -1,11 +1,11 @@
 //! Data buffer pools: one memory region split into fixed-size buffers, handed out as owned
 //! [`IoBuf`] handles.
 //!
-//! Ownership is the safety argument: a buffer index is in the free queue or inside exactly one
+//! Ownership is the safety argument: a buffer index is in the free list or inside exactly one
 //! `IoBuf`, never both, so no two handles alias. Posting to a QP or submitting to a bdev moves the
 //! `IoBuf` into the operation, and the completion gives it back; dropping the handle returns the
-//! buffer to the pool. The free list is a lock-free bounded queue: taking and returning a buffer
-//! neither locks nor allocates.
+//! buffer to the pool. The free list is a lock-free stack (`free_stack`): taking and returning a
+//! buffer neither locks nor allocates, and the buffer given back last is taken first.
 //!
 //! The region comes from an anonymous mapping, huge pages when the system has them (fewer TLB
 //! misses, fewer MR translation entries), ordinary pages otherwise. The RDMA layer registers the
@@ -16,7 +16,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crossbeam::queue::ArrayQueue;
+use crate::free_stack::FreeStack;
+
 use memmap2::{MmapMut, MmapOptions};
 
 /// Buffers start on page boundaries so O_DIRECT backends can use them as they are.
@@ -41,7 +42,7 @@ struct PoolShared {
     base: NonNull<u8>,
     buf_size: usize,
     count: u32,
-    free: ArrayQueue<u32>,
+    free: FreeStack,
     lkey: AtomicU32,
     rkey: AtomicU32,
     /// Keeps the memory registration (owned by the RDMA layer) alive as long as any buffer.
@@ -50,7 +51,7 @@ struct PoolShared {
     /// Per buffer: how many bytes from its start are known to be zero (see
     /// [`IoBuf::zero_fill`]). Every way to write a buffer (`as_mut_slice`, `addr`) resets it
     /// first; only `zero_fill` sets it. Relaxed: a buffer moves between threads only through
-    /// the free queue, whose operations order everything done to it before.
+    /// the free list, whose operations order everything done to it before.
     zeroed: Box<[AtomicU32]>,
     /// The registration lets peers write the pool (remote write or memory windows): what a
     /// buffer holds can change without any call here, so nothing is known to be zero.
@@ -60,11 +61,11 @@ struct PoolShared {
 }
 
 // SAFETY: `base` points into `_map`, which lives as long as this struct. The pointer itself is
-// shared read-only; byte access goes only through `IoBuf`, and the free queue hands each index to
+// shared read-only; byte access goes only through `IoBuf`, and the free list hands each index to
 // one `IoBuf` at a time, so no two threads ever touch the same buffer.
 #[allow(unsafe_code)]
 unsafe impl Send for PoolShared {}
-// SAFETY: as for Send: all shared state is atomics or the lock-free queue.
+// SAFETY: as for Send: all shared state is atomics or the lock-free stack.
 #[allow(unsafe_code)]
 unsafe impl Sync for PoolShared {}
 
@@ -96,11 +97,7 @@ impl BufferPool {
         let bytes = buf_size * count as usize;
         let (mut map, huge_pages) = map_region(bytes)?;
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap never returns null");
-        let free = ArrayQueue::new(count as usize);
-        for index in 0..count {
-            // Capacity equals count, so every push succeeds.
-            let _ = free.push(index);
-        }
+        let free = FreeStack::full(count);
         Ok(Self {
             shared: Arc::new(PoolShared {
                 base,
@@ -141,8 +138,16 @@ impl BufferPool {
         self.shared.count
     }
 
+    /// Free buffers: exact while no thread takes or gives back one (leak checks, statistics),
+    /// a snapshot otherwise. Walks the free list; [`has_available`](Self::has_available) is
+    /// the cheap question.
     pub fn available(&self) -> usize {
         self.shared.free.len()
+    }
+
+    /// Whether a buffer is free now (one load).
+    pub fn has_available(&self) -> bool {
+        self.shared.free.has_free()
     }
 
     pub fn uses_huge_pages(&self) -> bool {
@@ -401,8 +406,8 @@ impl std::fmt::Debug for IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
-        // Cannot overflow: the queue holds `count` slots and this index is not in it.
-        let _ = self.shared.free.push(self.index);
+        // This handle owned the index: it goes back once.
+        self.shared.free.push(self.index);
     }
 }
 
@@ -458,10 +463,11 @@ mod tests {
         assert_eq!(b.known_zeroes(), 8192);
         b.as_mut_slice()[0] = 1;
         drop(b);
+        // Last given back, first taken.
         let b = pool.get().unwrap();
-        assert_eq!(b.known_zeroes(), 8192, "the other buffer, untouched");
+        assert_eq!(b.known_zeroes(), 0, "the written one is forgotten");
         let c = pool.get().unwrap();
-        assert_eq!(c.known_zeroes(), 0, "the written one is forgotten");
+        assert_eq!(c.known_zeroes(), 8192, "the other buffer, untouched");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 pub mod buffer;
+mod free_stack;
 #[allow(unsafe_code)]
 pub mod rdma;
 pub mod reactor;

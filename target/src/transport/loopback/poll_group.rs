@@ -250,7 +250,7 @@ impl LoopbackPollGroup {
         }
         for class in [BufClass::Small, BufClass::Large] {
             let fifo = class_index(class);
-            while self.pools.pool(class).available() > 0 {
+            while self.pools.pool(class).has_available() {
                 let Some(id) = self.waiting_for_buffer[fifo].pop_front() else {
                     break;
                 };
