@@ -6,7 +6,8 @@
 //! wakeups it owes to pending requests. Nothing in it is shared with another reactor except
 //! through the atomics of [`controller::ControllerShared`] and the connect-path tables of
 //! [`subsystem::SubsystemShared`]. How the control plane's snapshots land on it is in
-//! `snapshot.rs`; the namespace table in `namespaces.rs`.
+//! `snapshot.rs`; the namespace table in `namespaces.rs`; its bdev I/O (submitting,
+//! polling channels, counting finished I/O) in `bdev_io.rs`.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -18,16 +19,15 @@ use nvmf_common::buffer::BufferPool;
 use nvmf_common::spec::{Status, FABRICS_OPCODE};
 use rustc_hash::FxHashMap;
 
-use crate::bdev::{BdevChannel, BdevCompletion, BdevIo, Submitted};
 use crate::cmd;
 use crate::core::controller::ControllerLocal;
-use crate::core::latency::NamespaceLatency;
 use crate::core::namespaces::{GroupNamespace, NamespaceTable, NsSlot};
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Op, Prepared, ReqTag, Request, Wakeup};
 use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId};
 
 pub mod ana;
+mod bdev_io;
 pub mod controller;
 pub mod driver;
 pub mod latency;
@@ -128,9 +128,6 @@ const CLOCK_EVERY_TURNS: u32 = 8;
 /// without one. The core reading every 8 idle turns beside the reactor's own readings made
 /// some 19 readings per lull between bursts at queue depth 32.
 const CLOCK_EVERY_TURNS_FED: u32 = 256;
-/// Reads and writes whose latency waits for the next clock reading, at most (a turn's worth
-/// of completions at depth; more count with the turn's clock).
-const LATENCY_WAITING_MAX: usize = 1024;
 
 /// Where a core's time comes from: the system's monotonic clock, or a simulation's.
 enum Clock {
@@ -224,7 +221,7 @@ impl CoreCtx {
             draining: Vec::new(),
             bdev_io_outstanding: 0,
             wakeups: Vec::with_capacity(256),
-            latency_waiting: Vec::with_capacity(LATENCY_WAITING_MAX),
+            latency_waiting: Vec::with_capacity(bdev_io::LATENCY_WAITING_MAX),
             aux_pool: None,
             clock: Clock::System(Instant::now()),
             now_ms: 0,
@@ -319,18 +316,6 @@ impl CoreCtx {
         self.now_ns = ns;
         self.now_ms = ns / 1_000_000;
         self.turns_since_clock = 0;
-    }
-
-    /// The I/Os that finished in the clock's last reading took until this one: `took_ns`.
-    #[inline(never)]
-    fn record_waiting_latencies(&mut self, took_ns: u64) {
-        // Walked then cleared (a `drain` costs more than one entry's record).
-        for &(slot, kind, count) in &self.latency_waiting {
-            if let Some(gns) = self.ns_table.get_mut(slot) {
-                gns.latency.record_many(kind, took_ns, count);
-            }
-        }
-        self.latency_waiting.clear();
     }
 
     /// How many times this core read the clock itself.
@@ -515,38 +500,6 @@ impl CoreCtx {
         work
     }
 
-    /// Polls the channels of the namespaces with I/O out (and those draining).
-    #[inline(never)]
-    fn poll_bdevs(&mut self) -> usize {
-        let mut work = 0;
-        let wakeups = &mut self.wakeups;
-        let mut i = 0;
-        while i < self.busy_namespaces.len() {
-            // A namespace retired since its I/O went out is polled from `draining`.
-            let Some(gns) = self.ns_table.get_mut(self.busy_namespaces[i]) else {
-                self.busy_namespaces.swap_remove(i);
-                continue;
-            };
-            let done = poll_namespace(gns, wakeups);
-            work += done;
-            gns.out = gns.out.saturating_sub(done as u32);
-            if gns.out == 0 {
-                self.busy_namespaces.swap_remove(i);
-            } else {
-                i += 1;
-            }
-        }
-        for gns in &mut self.draining {
-            work += poll_namespace(gns, wakeups);
-        }
-        self.bdev_io_outstanding = self.bdev_io_outstanding.saturating_sub(work);
-        if !self.draining.is_empty() {
-            self.draining
-                .retain(|g| g.channel.in_flight() > 0 || !g.retry.is_empty());
-        }
-        work
-    }
-
     /// The housekeeping timer ([`TICK_MS`]): timeouts set by RPC, failed controllers,
     /// keep-alive deadlines, reservation notices.
     #[cold]
@@ -666,116 +619,6 @@ impl CoreCtx {
         self.subsystems.get(&sid)?.namespaces.get(&nsid).copied()
     }
 
-    /// Submits an I/O to a namespace's channel, queueing it if the channel is busy. Its
-    /// completion comes as a wakeup.
-    pub(crate) fn submit_io(&mut self, slot: NsSlot, io: BdevIo) -> Result<(), Status> {
-        self.submit_with(slot, io, |channel, io| match channel.submit(io) {
-            Ok(()) => Submitted::Started,
-            Err(io) => Submitted::Refused(io),
-        })
-        .map(|_| ())
-    }
-
-    /// Submits an I/O like [`submit_io`](Self::submit_io), but a completion the channel
-    /// has at once ([`BdevChannel::submit_now`]) comes back here, for the caller to complete
-    /// its command in the same step: no poll, no wakeup, no dispatch.
-    pub(crate) fn submit_io_now(
-        &mut self,
-        slot: NsSlot,
-        io: BdevIo,
-    ) -> Result<Option<BdevCompletion>, Status> {
-        self.submit_with(slot, io, |channel, io| channel.submit_now(io))
-    }
-
-    #[inline(always)]
-    fn submit_with(
-        &mut self,
-        slot: NsSlot,
-        io: BdevIo,
-        submit: impl FnOnce(&mut dyn BdevChannel, BdevIo) -> Submitted,
-    ) -> Result<Option<BdevCompletion>, Status> {
-        let gns = self
-            .ns_table
-            .get_mut(slot)
-            .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
-        // Behind I/O the channel refused earlier, in order.
-        let refused = if gns.retry.is_empty() {
-            match submit(gns.channel.as_mut(), io) {
-                Submitted::Done(done) => return Ok(Some(done)),
-                Submitted::Started => None,
-                Submitted::Refused(io) => Some(io),
-            }
-        } else {
-            Some(io)
-        };
-        if let Some(io) = refused {
-            gns.retry.push_back(io);
-            self.stats.pending_bdev_io += 1;
-        }
-        self.bdev_io_outstanding += 1;
-        if gns.out == 0 {
-            self.busy_namespaces.push(slot);
-        }
-        gns.out += 1;
-        Ok(None)
-    }
-
-    /// Counts a finished I/O command of `bytes` in the namespace's statistics and, for a read
-    /// or write that started at `started_ns`, its latency in this reactor's histogram: no
-    /// lookup.
-    pub(crate) fn count_io(
-        &mut self,
-        slot: NsSlot,
-        kind: Counted,
-        bytes: u32,
-        started_ns: Option<u64>,
-    ) {
-        let group = self.group;
-        let Some(gns) = self.ns_table.get_mut(slot) else {
-            return;
-        };
-        let stats = &gns.ns.stats;
-        match kind {
-            Counted::Error => return stats.record_error(group),
-            Counted::Read => stats.record_read(group, u64::from(bytes)),
-            Counted::Write => stats.record_write(group, u64::from(bytes)),
-        }
-        let Some(started) = started_ns else {
-            return;
-        };
-        if started == self.now_ns {
-            // Most turns' I/Os are of one namespace and kind: one entry counts them all.
-            let waiting = &mut self.latency_waiting;
-            if let Some((s, k, count)) = waiting.last_mut() {
-                if *s == slot && *k == kind {
-                    *count += 1;
-                    return;
-                }
-            }
-            if waiting.len() < LATENCY_WAITING_MAX {
-                waiting.push((slot, kind, 1));
-                return;
-            }
-        }
-        gns.latency
-            .record_many(kind, self.now_ns.saturating_sub(started), 1);
-    }
-
-    /// This reactor's latency histograms: (subsystem NQN, NSID, histograms) of every namespace
-    /// it has a channel to.
-    pub fn namespace_latencies(&self) -> Vec<(String, u32, NamespaceLatency)> {
-        let table = &self.ns_table;
-        self.subsystems
-            .values()
-            .flat_map(|s| {
-                s.namespaces.iter().filter_map(|(&nsid, &slot)| {
-                    let g = table.get(slot)?;
-                    Some((s.config.nqn.clone(), nsid, g.latency))
-                })
-            })
-            .collect()
-    }
-
     /// The namespace if a controller of `hostnqn` sees it (namespace masking); a masked one is
     /// an inactive NSID to every other host.
     pub(crate) fn visible_namespace(
@@ -805,35 +648,4 @@ impl CoreCtx {
         }
         Some(std::time::Duration::from_millis(ms))
     }
-
-    /// I/O still in flight on this reactor's channels (for orderly shutdown).
-    pub fn io_in_flight(&self) -> usize {
-        let live: usize = self
-            .ns_table
-            .iter()
-            .map(|g| g.channel.in_flight() + g.retry.len())
-            .sum();
-        live + self
-            .draining
-            .iter()
-            .map(|g| g.channel.in_flight() + g.retry.len())
-            .sum::<usize>()
-    }
-}
-
-/// Polls a namespace's channel and retries what it refused; returns the completions it
-/// handed over.
-fn poll_namespace(gns: &mut GroupNamespace, wakeups: &mut Vec<(ReqTag, Wakeup)>) -> usize {
-    let mut done = 0;
-    gns.channel.poll(&mut |c| {
-        done += 1;
-        wakeups.push((ReqTag(c.tag), Wakeup::Bdev(c)));
-    });
-    while let Some(io) = gns.retry.pop_front() {
-        if let Err(io) = gns.channel.submit(io) {
-            gns.retry.push_front(io);
-            break;
-        }
-    }
-    done
 }

@@ -5,8 +5,9 @@ use nvmf_common::rdma::{Verbs, VerbsCq, WcStatus, WorkCompletion};
 use nvmf_common::spec::sgl::SglKind;
 
 use super::poll_group::{RdmaPollGroup, POLL_BATCH};
-use super::qpair::{deferred_released, release, wrs_of, Qpair, SlotAccounts};
+use super::qpair::{release, wrs_of, Qpair, SlotAccounts};
 use super::request::{parse_wr_id, HostData, RdmaRequest, State, WrKind, COVER_SLOT, DRAIN_SLOT};
+use super::send_batch::deferred_released;
 use super::wait_queue::Waiter;
 use crate::core::driver;
 use crate::core::CoreCtx;

@@ -14,14 +14,12 @@ use zerocopy::IntoBytes;
 
 use super::device::DeviceResources;
 use super::poll_group::{watch, RdmaPollGroup};
-use super::qpair::{
-    claim_index, deferred_released, needs_cover, post_cover, release, transfer_stuck, Qpair,
-    SlotAccounts, CQE_LEN,
-};
+use super::qpair::{claim_index, release, transfer_stuck, Qpair, SlotAccounts, CQE_LEN};
 use super::read_batch::drop_queued_reads;
 use super::request::{
     slots_for, tag_slot, wr_id, RdmaRequest, State, WrKind, DEFERRED_SENDS, DRAIN_SLOT, MAX_QPAIRS,
 };
+use super::send_batch::{deferred_released, needs_cover, post_cover};
 use super::NewConnection;
 use crate::core::queue::QueueState;
 use crate::core::request::{ReqTag, Request};

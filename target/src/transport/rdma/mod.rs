@@ -33,6 +33,7 @@ mod poll_group;
 mod qpair;
 mod read_batch;
 mod request;
+mod send_batch;
 mod steps;
 mod wait_queue;
 

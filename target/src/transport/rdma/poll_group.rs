@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::device::DeviceResources;
-use super::qpair::{flush_batch, Deferral, Qpair};
+use super::qpair::Qpair;
 use super::read_batch::flush_reads;
 use super::request::{parse_tag_slot, State};
+use super::send_batch::{flush_batch, Deferral};
 use super::wait_queue::{WaitQueue, Waiter};
 use crate::core::driver;
 use crate::core::request::{ReqTag, Wakeup};
