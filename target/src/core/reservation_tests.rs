@@ -1,6 +1,7 @@
 //! The reservation state machine, the access matrix, the notice log and the PTPL file.
 
 use super::*;
+use crate::bdev::util::format_uuid;
 use nvmf_common::spec::reservation::{
     AcquireAction, Cptpl, RegisterAction, ReleaseAction, ReservationType as T,
 };
