@@ -11,8 +11,9 @@ use super::request::{ReqTag, Wakeup};
 use super::{CoreCtx, Counted};
 use crate::bdev::{BdevChannel, BdevCompletion, BdevIo, Submitted};
 
-/// Reads and writes whose latency waits for the next clock reading, at most (a turn's worth
-/// of completions at depth; more count with the turn's clock).
+/// Entries (namespace and kind, with a count) waiting for the next clock reading, at most:
+/// more than a turn's namespaces ever alternate. Past it, an I/O counts with the turn's
+/// clock.
 pub(super) const LATENCY_WAITING_MAX: usize = 1024;
 
 impl CoreCtx {
