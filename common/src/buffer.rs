@@ -16,9 +16,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::free_stack::FreeStack;
-
 use memmap2::{MmapMut, MmapOptions};
+
+use crate::free_stack::FreeStack;
 
 /// Buffers start on page boundaries so O_DIRECT backends can use them as they are.
 pub const BUFFER_ALIGN: usize = 4096;

@@ -1,8 +1,6 @@
 //! Per-reactor I/O latency histograms: each reactor counts its own commands in its own
 //! buckets (no shared writes on the I/O path) and the control plane sums them when it reads.
 
-use std::time::Duration;
-
 /// Bucket upper bounds are powers of two microseconds: 1 µs, 2 µs, ... 2^(BUCKETS-2) µs
 /// (about 8.4 s), then everything slower.
 pub const BUCKETS: usize = 25;
@@ -34,10 +32,6 @@ impl LatencyHistogram {
     /// Upper bound of bucket `i` in microseconds; `None` for the last, unbounded one.
     pub fn bound_us(i: usize) -> Option<u64> {
         (i + 1 < BUCKETS).then(|| 1u64 << i)
-    }
-
-    pub fn record(&mut self, took: Duration) {
-        self.record_many(took.as_nanos().min(u128::from(u64::MAX)) as u64, 1);
     }
 
     /// `count` commands that each took `ns` nanoseconds (a count, not a `Duration`: the I/O
@@ -108,7 +102,7 @@ mod tests {
             (u64::MAX, BUCKETS - 1),
         ] {
             let before = h.counts[bucket];
-            h.record(Duration::from_nanos(took_ns));
+            h.record_many(took_ns, 1);
             assert_eq!(
                 h.counts[bucket],
                 before + 1,
@@ -134,7 +128,7 @@ mod tests {
     fn many_commands_of_one_latency_count_each() {
         let mut h = LatencyHistogram::default();
         h.record_many(1500, 3);
-        h.record(Duration::from_nanos(900));
+        h.record_many(900, 1);
         assert_eq!((h.counts[0], h.counts[1], h.count()), (1, 3, 4));
         assert_eq!(h.sum_ns, 3 * 1500 + 900);
         assert_eq!((h.min_ns, h.max_ns), (900, 1500));
