@@ -91,7 +91,11 @@ victims=$(nvmf_rpc nvmf_subsystem_get_controllers "$nqn" | sed -n 's/.*"cntlid":
 lab_bg fio-victim 120 fio --name=victim --filename="$dev" --ioengine=libaio --direct=1 \
     --rw=randwrite --bs=16k --iodepth=16 --runtime=60 --time_based
 sleep 3
-lab_t 10 ip link set veth1 down
+# Under TCG with fio writing at depth 16, taking the link down has once waited 11 s for the
+# guest kernel (rtnl, rxe's port teardown) while both vCPUs were busy: the link still went
+# down, and the target still failed the controller at its keep-alive deadline. 30 s keeps a
+# hung command from hanging the suite without failing on a slow guest.
+lab_t 30 ip link set veth1 down
 lab_log "host link cut mid-I/O (controllers $victims)"
 # The target notices by itself: keep-alive expiry or transport errors close the controller.
 # (The kernel host may reconnect through the target's own address meanwhile: that is a new
