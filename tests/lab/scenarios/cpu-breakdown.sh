@@ -13,6 +13,12 @@
 #        (default 8 s of 4 KiB random reads at queue depth 32)
 # NVMF_CPU_MODES: our idle modes to measure, each a --poll-mode value or LABEL=ARG,ARG,...
 #   (default "adaptive"); one reactor on vCPU 0 unless ARGs hold -m (e.g. cpu1=--poll-mode,adaptive,-m,0x2).
+# NVMF_CPU_FTRACE: kernel functions whose calls to count in each run, space separated (a
+#   kprobe each, with a histogram of the call stacks: this kernel has no function profiler);
+#   written per run to $LAB_OUT/NAME.ftrace. Probes slow what they count: a run with them is
+#   for counting calls and their callers, not for its CPU time.
+# NVMF_CPU_SYSCALLS=1: count every thread's system calls by number in each run (a histogram
+#   on raw_syscalls:sys_enter), written to $LAB_OUT/NAME.syscalls as "calls tid comm nr".
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
 lab_init cpu-breakdown
@@ -47,14 +53,66 @@ snapshot() {
     } >"$1"
 }
 
+# A tracefs of the scenario's own: the guest's /sys/kernel/tracing may be read-only.
+TRACING=
+read -r -a traced <<<"${NVMF_CPU_FTRACE:-}"
+if ((${#traced[@]})) || [[ -n ${NVMF_CPU_SYSCALLS:-} ]]; then
+    TRACING=$(mktemp -d /tmp/tracefs.XXXXXX)
+    mount -t tracefs nodev "$TRACING"
+fi
+if ((${#traced[@]})); then
+    probed=()
+    for f in "${traced[@]}"; do
+        if echo "p:lab/$f $f" >>"$TRACING/kprobe_events" 2>/dev/null; then
+            probed+=("$f")
+        else
+            lab_log "cannot probe $f (inlined or not traceable): not counted"
+        fi
+    done
+    traced=("${probed[@]}")
+fi
+SYSCALL_HIST='hist:keys=common_pid,id:vals=hitcount:sort=hitcount.descending:size=8192'
+ftrace_start() {
+    local f
+    [[ -z ${NVMF_CPU_SYSCALLS:-} ]] ||
+        echo "$SYSCALL_HIST" >"$TRACING/events/raw_syscalls/sys_enter/trigger"
+    for f in "${traced[@]}"; do
+        echo 'hist:keys=stacktrace:vals=hitcount:sort=hitcount.descending:size=4096' \
+            >"$TRACING/events/lab/$f/trigger"
+    done
+}
+# ftrace_stop NAME: the calls counted since ftrace_start, with their stacks.
+ftrace_stop() {
+    local f
+    if [[ -n ${NVMF_CPU_SYSCALLS:-} ]]; then
+        # "{ common_pid: 1234, id: 1 } hitcount: 56" -> "56 1234 COMM 1"
+        sed -n 's/^{ common_pid: *\([0-9]*\), id: *\([0-9]*\) *} hitcount: *\([0-9]*\).*/\3 \1 \2/p' \
+            "$TRACING/events/raw_syscalls/sys_enter/hist" |
+            while read -r calls tid nr; do
+                echo "$calls $tid $(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null || echo gone) $nr"
+            done >"$LAB_OUT/$1.syscalls"
+        echo "!$SYSCALL_HIST" >"$TRACING/events/raw_syscalls/sys_enter/trigger"
+    fi
+    for f in "${traced[@]}"; do
+        {
+            echo "=== $f"
+            cat "$TRACING/events/lab/$f/hist"
+        } >>"$LAB_OUT/$1.ftrace"
+        echo '!hist:keys=stacktrace:vals=hitcount:sort=hitcount.descending:size=4096' \
+            >"$TRACING/events/lab/$f/trigger"
+    done
+}
+
 # measure NAME DEV [PID]: one fio run against DEV between two snapshots (and, for our target,
 # two nvmf_get_stats: requests per send doorbell).
 measure() {
     local name=$1 dev=$2 pid=${3:-}
     [[ -n $pid ]] && nvmf_rpc nvmf_get_stats >"$LAB_OUT/$name.stats0"
     snapshot "$LAB_OUT/$name.snap0" "$pid"
+    ftrace_start
     lab_fio "$name" --filename="$dev" --ioengine=libaio --direct=1 --runtime="$runtime" \
         --time_based --size=512M "${fio_args[@]}" >/dev/null
+    ftrace_stop "$name"
     snapshot "$LAB_OUT/$name.snap1" "$pid"
     [[ -n $pid ]] && nvmf_rpc nvmf_get_stats >"$LAB_OUT/$name.stats1"
     return 0
