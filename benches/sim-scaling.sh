@@ -25,6 +25,13 @@
 #     VerbsSrq>::post_recv`, ...), i.e. what a reactor executes itself, the bdev (null) and the
 #     core included, the NIC's work excluded. The acceptor's turn is left out (on a real
 #     target it is its own thread); it is printed in NAME.attrib.txt.
+# Offered load. By default every connection has one command outstanding (QD1 per connection),
+# so the connection count also sets how many commands are in flight: 1 at one connection,
+# 1,000 at 1,000. SIM_LOAD=N holds the load instead: each connection carries
+# max(1, N / conns) commands (SIM_OUTSTANDING, below SIM_DEPTH), so from 1 to N connections
+# the reactor has N in flight and only the connection count changes (SIM_LOAD=32
+# SIM_DEPTH=64: 1 x 32, 16 x 2, 256 x 1, ...). `benches/sim-scaling.sh` with
+# SIM_LOAD=32 SIM_DEPTH=64 SIM_TAG=load32 is the flatness run of issue 14.
 # Empty turns: at a few connections a reactor spins through turns that find nothing while its
 # commands cross the fabric; what each costs is counted in a second callgrind run of the same
 # set-up (`--toggle-collect=*idle_phase*`, once per set-up: NAME idle-CONNSxREACTORS-MODE), and
@@ -86,6 +93,11 @@ for conns in $CONNS; do
             for op in $OPS; do
                 name="$op-${conns}x$reactors-$mode"
                 ios=$(ios_for $((conns * reactors)))
+                if [ -n "${SIM_LOAD:-}" ]; then
+                    per_conn=$((SIM_LOAD / conns))
+                    if [ "$per_conn" -lt 1 ]; then per_conn=1; fi
+                    export SIM_OUTSTANDING=$per_conn
+                fi
                 start=$(date +%s)
                 valgrind --tool=callgrind --collect-atstart=no \
                     '--toggle-collect=*measured_phase*' \
@@ -95,7 +107,7 @@ for conns in $CONNS; do
                 python3 benches/callgrind_attrib.py "$OUT/$name.callgrind" "$ios" --top 40 \
                     >"$OUT/$name.attrib.txt"
                 attrib=$(python3 benches/callgrind_attrib.py "$OUT/$name.callgrind" "$ios" --json)
-                result=$(grep '^RESULT ' "$OUT/$name.log")
+                result="$(grep '^RESULT ' "$OUT/$name.log") outstanding=${SIM_OUTSTANDING:-1}"
                 # An empty turn's cost with these connections open: a second run counting only
                 # `idle_phase` (per reactor turn; the op does not matter, so once per set-up).
                 idle_name="idle-${conns}x$reactors-$mode"
@@ -135,6 +147,7 @@ for line in open(sys.argv[1]):
         per("t_post_send"), per("t_send_wrs"), per("t_post_recv"),
         per("t_cq_polls"), per("t_empty_polls"), ios,
         per("empty_reactor_turns"), empty_turn, busy,
+        int(kv.get("outstanding", 1)),
     ))
 rows.sort(key=lambda r: (r[2], r[3] != "shared", r[1], r[0]))
 import os
@@ -142,29 +155,33 @@ print("# Target cost per 4 KiB I/O on the simulated RDMA fabric\n")
 dirty = os.environ.get("DIRTY", "").strip()
 print(f"Built from {os.environ.get('SNAPSHOT', '?')}"
       + (f" with uncommitted changes to {dirty}" if dirty else "") + ". "
-      "QD1 on every connection, all connections outstanding at once; null bdev; write: keyed "
+      + ("QD1 on every connection" if not os.environ.get("SIM_LOAD") else
+         f"{os.environ['SIM_LOAD']} commands in flight per reactor, at least 1 per connection")
+      + ", all connections outstanding at once; null bdev; write: keyed "
       "SGL, the target fetches the data with an RDMA READ; write-inline: the data in the "
       "command capsule, as Linux and SPDK hosts send a 4 KiB write; "
       "instructions from callgrind over the measured phase only (target = the reactors' "
       "`PollGroup::poll` minus the simulator calls it makes; whole = the measured phase of the "
       "process: target, simulated NIC, host and driver); verbs calls are the target's "
       "(doorbells = post calls). Method: benches/sim-scaling.sh.")
+# SIM_LOAD sets SIM_OUTSTANDING per row (the table's column).
 knobs = sorted(f"{k}={v}" for k, v in os.environ.items()
                if k.startswith("SIM_") and k not in ("SIM_TAG", "SIM_NO_BUILD", "SIM_CONNS", "SIM_REACTORS",
-                                                     "SIM_OPS", "SIM_SEPARATE_FROM"))
+                                                     "SIM_OPS", "SIM_SEPARATE_FROM")
+               and not (k == "SIM_OUTSTANDING" and os.environ.get("SIM_LOAD")))
 print("Example knobs: " + (", ".join(knobs) if knobs else "defaults") + ".\n")
 print("Empty turns: reactor turns of the measured phase that found no work (a polled reactor "
       "spins while its few connections wait on the fabric); empty turn instr = the target's "
       "instructions per reactor turn in `idle_phase` (same set-up, every connection open, "
       "nothing in flight); busy instr/I/O = target instr/I/O - empty turns/I/O x empty turn "
       "instr, i.e. what serving the I/O costs, without the spinning between I/Os.\n")
-print("| conns/reactor | reactors | op | namespace | target instr/I/O | busy instr/I/O "
+print("| conns/reactor | commands per conn | reactors | op | namespace | target instr/I/O | busy instr/I/O "
       "| empty turns/I/O | empty turn instr | whole instr/I/O "
       "| send doorbells/I/O | send WRs/I/O | recv doorbells/I/O | CQ polls/I/O "
       "| empty polls/I/O | I/Os |")
-print("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
-    print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:,.0f} | {r[14]:,.0f} | {r[12]:.2f} "
+    print(f"| {r[0]} | {r[15]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:,.0f} | {r[14]:,.0f} | {r[12]:.2f} "
           f"| {r[13]:,.0f} | {r[5]:,.0f} | {r[6]:.3f} "
           f"| {r[7]:.3f} | {r[8]:.3f} | {r[9]:.3f} | {r[10]:.3f} | {r[11]} |")
 EOF

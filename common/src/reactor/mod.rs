@@ -10,6 +10,7 @@
 //! happen only when there is nothing to do, and they matter: on soft-RoCE the NIC is made of
 //! the same CPUs, and a reactor spinning at 100% starves it.
 
+mod idle;
 pub mod sleep;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use idle::{turns_to_next_look, SpinWindow, TurnClock};
 pub use sleep::{IdleMode, ReactorWaker, Sleeper, WaitSet};
 
 /// What a reactor polls.
@@ -145,10 +147,9 @@ pub const DEFAULT_MIN_SPIN_TURNS: u32 = 64;
 /// An idle streak this long (or one that ends in a sleep attempt) ends a burst of work, for
 /// counting the commands bursts carry ([`SpinWindow::burst_ended`]).
 const BURST_GAP_TURNS: u32 = 64;
-/// Past those, an idle reactor reads the clock once per this many idle turns, to decide when
-/// to sleep, yield or nap. Where the system clock is not served from user space (the lab's
-/// TCG guests run on HPET, and every `clock_gettime` there is a syscall and an emulated device
-/// read) a read per turn made a spinning reactor a syscall loop.
+/// Past every mark of its idle mode (sleep, yield, nap), an idle reactor reads the clock once
+/// per this many idle turns; before, it looks when its pace says the next mark is reached
+/// ([`idle::turns_to_next_look`]).
 const IDLE_CLOCK_EVERY: u32 = 8;
 /// A pure-polling reactor decides nothing by the clock: it reads it only to split busy from
 /// idle time and to hand its state the time for timers ([`Pollable::observe_clock`]), both at
@@ -164,76 +165,6 @@ const NAP: Duration = Duration::from_micros(100);
 const SLEEP_AFTER: Duration = Duration::from_micros(20);
 /// The longest it spins (yielding) before it sleeps, by default: see [`SpinWindow`].
 pub const DEFAULT_MAX_SPIN: Duration = Duration::from_millis(4);
-
-/// How long an adaptive reactor spins before it sleeps: three times the typical gap between the
-/// end of its work and the next work (a moving average), between [`SLEEP_AFTER`] and a cap,
-/// as long as commands come one per burst; [`SLEEP_AFTER`] once bursts carry several.
-///
-/// A host at queue depth 1 sends its next command one round trip after our response: gaps
-/// all alike, so the reactor spins through them and answers as fast as pure polling (a
-/// wake-up costs tens of microseconds on hardware, far more under emulation). Under load the
-/// gaps are mostly zero-length and the window shrinks, so a lull soon ends in sleep and the
-/// core goes to whatever else needs it (on soft-RoCE, the NIC). Idle, one window is spun once,
-/// then the reactor sleeps until work or its timer.
-///
-/// Hosts that keep several commands in flight (queue depth, or many hosts at once) make bursts
-/// of several commands each, and then spinning through a gap buys nothing: the next burst
-/// brings several commands whenever it comes, a wake-up is paid once for all of them, and the
-/// time spun is CPU taken from the NIC and the hosts (on soft-RoCE, measured in the lab's
-/// `cpu-breakdown`: at queue depth 32 spinning cost a third more CPU per I/O than sleeping,
-/// for fewer I/Os). So the window is learnt only while bursts carry one command each.
-struct SpinWindow {
-    typical_gap_ns: u64,
-    max: Duration,
-    /// Moving average of the commands a burst of work carried, in sixteenths (bursts
-    /// without a command, such as timers or send completions alone, are not counted).
-    commands_per_burst_x16: u64,
-    /// The reactor's command count at the end of the last burst.
-    commands_seen: u64,
-}
-
-/// Bursts carrying this many commands (in sixteenths: 1.5) on average mean hosts keep
-/// several commands in flight.
-const CONCURRENT_BURST_X16: u64 = 24;
-
-impl SpinWindow {
-    fn new(max: Duration) -> Self {
-        Self {
-            typical_gap_ns: 0,
-            max,
-            commands_per_burst_x16: 16,
-            commands_seen: 0,
-        }
-    }
-
-    /// Work came back `gap` after the reactor ran out of it (zero for a gap too short to
-    /// time). Gaps longer than the cap count as twice the cap: a night of idleness must not
-    /// pin the window at its cap for the next hour of load.
-    fn learn(&mut self, gap: Duration) {
-        let cap = 2 * self.max.as_nanos() as u64;
-        let gap = (gap.as_nanos() as u64).min(cap) as i64;
-        let avg = self.typical_gap_ns as i64;
-        self.typical_gap_ns = (avg + (gap - avg) / 8) as u64;
-    }
-
-    /// A burst of work ended; `commands` is the reactor's running count of commands done.
-    fn burst_ended(&mut self, commands: u64) {
-        let carried = commands.wrapping_sub(self.commands_seen).min(64);
-        self.commands_seen = commands;
-        if carried == 0 {
-            return;
-        }
-        let avg = self.commands_per_burst_x16 as i64;
-        self.commands_per_burst_x16 = (avg + (16 * carried as i64 - avg) / 8) as u64;
-    }
-
-    fn window(&self) -> Duration {
-        if self.commands_per_burst_x16 >= CONCURRENT_BURST_X16 {
-            return SLEEP_AFTER;
-        }
-        Duration::from_nanos(3 * self.typical_gap_ns).clamp(SLEEP_AFTER, self.max.max(SLEEP_AFTER))
-    }
-}
 
 /// What a reactor does when idle: its mode and, when adaptive, the longest it spins first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -347,7 +278,7 @@ fn run<S: Pollable>(
     sleeper: &mut Sleeper,
 ) {
     let mode = policy.mode;
-    let clock_every = match mode {
+    let settled_every = match mode {
         IdleMode::Pure => IDLE_CLOCK_EVERY_PURE,
         _ => IDLE_CLOCK_EVERY,
     };
@@ -355,7 +286,7 @@ fn run<S: Pollable>(
     let mut idle: u32 = 0;
     let mut clock = TurnClock::new();
     // How long the idle streak has lasted, as last read, and the idle turns until the next
-    // reading: the clock is read every `clock_every` idle turns, not every turn.
+    // reading.
     let mut waited = Duration::ZERO;
     let mut until_clock: u32 = 0;
     let first_look = policy.min_spin_turns.max(1);
@@ -381,7 +312,13 @@ fn run<S: Pollable>(
             if idle >= first_look {
                 if until_clock == 0 {
                     waited = clock.idle_for();
-                    until_clock = clock_every;
+                    let marks = match mode {
+                        IdleMode::Adaptive => [spin.window(), YIELD_AFTER, NAP_AFTER],
+                        IdleMode::Backoff => [YIELD_AFTER, NAP_AFTER, NAP_AFTER],
+                        IdleMode::Pure => [Duration::ZERO; 3],
+                    };
+                    let pace = clock.streak_pace(idle);
+                    until_clock = turns_to_next_look(waited, pace, &marks, settled_every);
                 }
                 until_clock -= 1;
                 let slept = if mode == IdleMode::Adaptive && waited >= spin.window() {
@@ -425,165 +362,9 @@ fn run<S: Pollable>(
     clock.publish(stats);
 }
 
-/// Busy/idle turns and time of one reactor, kept on its thread and published in batches.
-///
-/// Time is split at the moments the reactor reads the clock anyway: a streak of idle turns
-/// long enough to look at it, work arriving after such a streak, and publishing.
-struct TurnClock {
-    busy_turns: u64,
-    idle_turns: u64,
-    busy_ns: u64,
-    idle_ns: u64,
-    /// The start of the period not yet added to busy_ns or idle_ns. The period is idle from
-    /// `idle_since` on, busy before it.
-    period_start: Instant,
-    idle_since: Option<Instant>,
-    /// The last clock reading not yet handed to the state ([`Pollable::observe_clock`]).
-    reading: Option<Instant>,
-}
-
-impl TurnClock {
-    fn new() -> Self {
-        Self {
-            busy_turns: 0,
-            idle_turns: 0,
-            busy_ns: 0,
-            idle_ns: 0,
-            period_start: Instant::now(),
-            idle_since: None,
-            reading: None,
-        }
-    }
-
-    /// Reads the system clock: the one place the loop does.
-    fn read(&mut self) -> Instant {
-        let now = Instant::now();
-        self.reading = Some(now);
-        now
-    }
-
-    /// A turn did work; an idle streak that was looking at the clock ends now. Returns how
-    /// long that streak lasted (zero if it was too short to look at the clock).
-    fn busy_turn(&mut self) -> Duration {
-        self.busy_turns += 1;
-        let Some(since) = self.idle_since.take() else {
-            return Duration::ZERO;
-        };
-        let now = self.read();
-        // A publish during the streak already counted its start.
-        self.idle_ns += nanos(since.max(self.period_start), now);
-        self.period_start = now;
-        now.saturating_duration_since(since)
-    }
-
-    /// How long the current idle streak has lasted (it starts now if it was not timed yet:
-    /// zero, without a second reading).
-    fn idle_for(&mut self) -> Duration {
-        let now = self.read();
-        match self.idle_since {
-            Some(since) => now.saturating_duration_since(since),
-            None => {
-                self.busy_ns += nanos(self.period_start, now);
-                self.period_start = now;
-                self.idle_since = Some(now);
-                Duration::ZERO
-            }
-        }
-    }
-
-    /// Adds the time since the period's start to busy or idle and stores every counter.
-    fn publish(&mut self, stats: &ReactorStats) {
-        let now = self.read();
-        match self.idle_since {
-            Some(since) if since > self.period_start => {
-                self.busy_ns += nanos(self.period_start, since);
-                self.idle_ns += nanos(since, now);
-            }
-            Some(_) => self.idle_ns += nanos(self.period_start, now),
-            None => self.busy_ns += nanos(self.period_start, now),
-        }
-        self.period_start = now;
-        stats.busy_turns.store(self.busy_turns, Ordering::Relaxed);
-        stats.idle_turns.store(self.idle_turns, Ordering::Relaxed);
-        stats.busy_ns.store(self.busy_ns, Ordering::Relaxed);
-        stats.idle_ns.store(self.idle_ns, Ordering::Relaxed);
-    }
-}
-
-fn nanos(from: Instant, to: Instant) -> u64 {
-    to.saturating_duration_since(from).as_nanos() as u64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_spin_window_follows_the_gaps_between_work() {
-        let mut spin = SpinWindow::new(Duration::from_millis(2));
-        assert_eq!(spin.window(), SLEEP_AFTER, "nothing learned: sleep soon");
-        // A host at queue depth 1: work comes back 600 µs after each response.
-        for _ in 0..64 {
-            spin.learn(Duration::from_micros(600));
-        }
-        let w = spin.window();
-        assert!(
-            w > Duration::from_micros(1650) && w <= Duration::from_micros(1800),
-            "{w:?}"
-        );
-        // Longer gaps: the window stops at its cap.
-        for _ in 0..64 {
-            spin.learn(Duration::from_millis(5));
-        }
-        assert_eq!(spin.window(), Duration::from_millis(2));
-        // Under load the gaps are too short to time: the window shrinks back.
-        for _ in 0..128 {
-            spin.learn(Duration::ZERO);
-        }
-        assert_eq!(spin.window(), SLEEP_AFTER);
-        // One night of idleness weighs as twice the cap, not as the night.
-        spin.learn(Duration::from_secs(36_000));
-        assert!(
-            spin.window() <= Duration::from_micros(1600),
-            "{:?}",
-            spin.window()
-        );
-        // A cap of zero: sleep after the shortest spin, whatever the gaps.
-        let mut eager = SpinWindow::new(Duration::ZERO);
-        eager.learn(Duration::from_millis(1));
-        assert_eq!(eager.window(), SLEEP_AFTER);
-    }
-
-    #[test]
-    fn bursts_of_several_commands_end_in_sleep_whatever_the_gaps() {
-        let mut spin = SpinWindow::new(Duration::from_millis(2));
-        let mut done = 0;
-        let mut burst = |spin: &mut SpinWindow, commands: u64| {
-            done += commands;
-            spin.burst_ended(done);
-            spin.learn(Duration::from_micros(600));
-        };
-        // Queue depth 1: one command per burst (and bursts of send completions alone).
-        for _ in 0..64 {
-            burst(&mut spin, 1);
-            burst(&mut spin, 0);
-        }
-        let qd1 = spin.window();
-        assert!(qd1 > Duration::from_micros(1600), "{qd1:?}");
-        // Queue depth 32: bursts of a few commands, the same gaps between them.
-        for _ in 0..8 {
-            burst(&mut spin, 3);
-        }
-        assert_eq!(spin.window(), SLEEP_AFTER);
-        // Back to one at a time: the learnt window returns.
-        for _ in 0..16 {
-            burst(&mut spin, 1);
-        }
-        assert_eq!(spin.window(), qd1);
-        // A count that starts high (a reactor restarted its state) is one burst, capped.
-        spin.burst_ended(u64::MAX);
-        assert_eq!(spin.window(), SLEEP_AFTER);
-    }
 
     #[test]
     fn core_masks_in_spdk_forms() {

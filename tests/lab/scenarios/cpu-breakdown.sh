@@ -13,6 +13,9 @@
 #        (default 8 s of 4 KiB random reads at queue depth 32)
 # NVMF_CPU_MODES: our idle modes to measure, each a --poll-mode value or LABEL=ARG,ARG,...
 #   (default "adaptive"); one reactor on vCPU 0 unless ARGs hold -m (e.g. cpu1=--poll-mode,adaptive,-m,0x2).
+# NVMF_CPU_ALT_BIN: a directory with another build's nvmf-tgt and nvmf-rpc; modes whose label
+#   starts with "alt" run those (an A/B of two builds in one boot: list the modes alternating,
+#   e.g. "a1=--poll-mode,adaptive alt1=--poll-mode,adaptive a2=... alt2=...").
 # NVMF_CPU_FTRACE: kernel functions whose calls to count in each run, space separated (a
 #   kprobe each, with a histogram of the call stacks: this kernel has no function profiler);
 #   written per run to $LAB_OUT/NAME.ftrace. Probes slow what they count: a run with them is
@@ -125,11 +128,17 @@ for spec in "${modes[@]}"; do
     # One reactor on vCPU 0 unless the mode's own arguments place it (",-m,0x2").
     mask=(-m 0x1)
     [[ ,$spec, == *,-m,* ]] && mask=()
+    bin_dir=$NVMF_BIN_DIR
+    if [[ $mode == alt* ]]; then
+        [[ -n ${NVMF_CPU_ALT_BIN:-} ]] || lab_fail "mode $mode needs NVMF_CPU_ALT_BIN"
+        NVMF_BIN_DIR=$NVMF_CPU_ALT_BIN
+    fi
     nvmf_null_target "$spec" "$onqn" "$LAB_ADDR0" 4421 "${mask[@]}"
     odev=$(lab_nvme_connect "$onqn" "$LAB_ADDR0" 4421)
     measure "$mode" "$odev" "$NVMF_TGT_PID"
     lab_nvme_disconnect "$onqn"
     nvmf_tgt_stop
+    NVMF_BIN_DIR=$bin_dir
 done
 # The kernel once more, last: drift over the boot shows as the gap between its two runs.
 measure kernel-again "$kdev"
