@@ -44,8 +44,9 @@ pub trait Pollable {
     fn commands_done(&self) -> u64 {
         0
     }
-    /// The reactor just read the system clock (`now`): a state that keeps time may take this
-    /// reading instead of making its own. Where the clock is not served from user space (the
+    /// The reactor just read the system clock (`now`), as it does after every turn that did
+    /// work and at an idle streak's looks: a state that keeps time may take this reading
+    /// instead of making its own. Where the clock is not served from user space (the
     /// lab's TCG guests run on HPET: every read is a syscall and an emulated device access)
     /// two readers reading apart doubled the syscalls of an idle spin.
     fn observe_clock(&mut self, now: Instant) {
@@ -110,10 +111,10 @@ pub fn check_cores(cores: &[usize]) -> Result<(), CoreMaskError> {
 
 /// Busy/idle accounting of one reactor, readable from any thread.
 ///
-/// Time is split at the moments the reactor reads the clock anyway (an idle streak reaching
-/// [`IdlePolicy::min_spin_turns`] turns, work arriving after such a streak) plus once per 1024
-/// turns: a short gap between completions counts as busy time, and the busy path reads no
-/// clock per turn.
+/// Time is split at the moments the reactor reads the clock anyway (after each turn that did
+/// work, for its state's timestamps; an idle streak reaching [`IdlePolicy::min_spin_turns`]
+/// turns and its later looks) plus once per 1024 turns: a short gap between completions
+/// counts as busy time.
 #[derive(Debug, Default)]
 pub struct ReactorStats {
     pub busy_turns: AtomicU64,
