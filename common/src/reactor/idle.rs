@@ -98,8 +98,6 @@ pub(super) struct TurnClock {
     streak_start: Instant,
     /// The last clock reading not yet handed to the state ([`super::Pollable::observe_clock`]).
     pub(super) reading: Option<Instant>,
-    /// The last clock reading.
-    reading_at: Option<Instant>,
 }
 
 impl TurnClock {
@@ -114,7 +112,6 @@ impl TurnClock {
             idle_since: None,
             streak_start: now,
             reading: None,
-            reading_at: None,
         }
     }
 
@@ -122,7 +119,6 @@ impl TurnClock {
     fn read(&mut self) -> Instant {
         let now = Instant::now();
         self.reading = Some(now);
-        self.reading_at = Some(now);
         now
     }
 
@@ -159,9 +155,10 @@ impl TurnClock {
     }
 
     /// How long an idle turn of the current streak takes, on average over its `turns` turns
-    /// up to the last reading: the streak began at the reading after the last work.
+    /// up to the reading just made (not yet handed over): the streak began at the reading
+    /// after the last work.
     pub(super) fn streak_pace(&self, turns: u32) -> Duration {
-        let last = self.reading_at.unwrap_or(self.streak_start);
+        let last = self.reading.unwrap_or(self.streak_start);
         last.saturating_duration_since(self.streak_start) / turns.max(1)
     }
 
@@ -312,10 +309,7 @@ mod tests {
             8
         );
         // No marks at all (pure polling): the settled step too.
-        assert_eq!(
-            turns_to_next_look(us(16), ns(250), &[Duration::ZERO; 3], 64),
-            64
-        );
+        assert_eq!(turns_to_next_look(us(16), ns(250), &[], 64), 64);
         // A clock too coarse to see a turn: the longest step, not a division by zero.
         assert_eq!(
             turns_to_next_look(us(16), Duration::ZERO, &marks, 8),

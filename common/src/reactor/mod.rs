@@ -313,13 +313,14 @@ fn run<S: Pollable>(
             if idle >= first_look {
                 if until_clock == 0 {
                     waited = clock.idle_for();
-                    let marks = match mode {
-                        IdleMode::Adaptive => [spin.window(), YIELD_AFTER, NAP_AFTER],
-                        IdleMode::Backoff => [YIELD_AFTER, NAP_AFTER, NAP_AFTER],
-                        IdleMode::Pure => [Duration::ZERO; 3],
+                    let adaptive_marks = [spin.window(), YIELD_AFTER, NAP_AFTER];
+                    let marks: &[Duration] = match mode {
+                        IdleMode::Adaptive => &adaptive_marks,
+                        IdleMode::Backoff => &adaptive_marks[1..],
+                        IdleMode::Pure => &[],
                     };
                     let pace = clock.streak_pace(idle);
-                    until_clock = turns_to_next_look(waited, pace, &marks, settled_every);
+                    until_clock = turns_to_next_look(waited, pace, marks, settled_every);
                 }
                 until_clock -= 1;
                 let slept = if mode == IdleMode::Adaptive && waited >= spin.window() {
