@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use nvmf_common::reactor::{IdlePolicy, Pollable, Reactor, WaitSet};
+use nvmf_common::reactor::{IdlePolicy, Pollable, Reactor, Ready, WaitSet};
 
 use crate::core::{PollGroup, PollGroupHandle, TargetInfo};
 
@@ -23,8 +23,8 @@ impl Pollable for ReactorState {
         self.0.prepare_sleep(wait)
     }
 
-    fn woken(&mut self) {
-        self.0.woken();
+    fn woken(&mut self, ready: Ready<'_>) {
+        self.0.woken(ready);
     }
 
     fn commands_done(&self) -> u64 {

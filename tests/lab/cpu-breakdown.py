@@ -1,7 +1,9 @@
 """Summarizes the cpu-breakdown scenario: per run, IOPS and, per I/O, the whole VM's CPU split
 into user, system, softirq and irq time, its context switches, interrupts and softirqs by kind,
 and (for our target) its threads' CPU time, context switches and read/write syscalls, and
-the requests per send doorbell its nvmf_get_stats counted.
+the requests per send doorbell, polls and idle polls its nvmf_get_stats counted and the busy
+time thread_get_stats reports (busy: turns that did work and the first idle turns of a spin,
+before the reactor looks at the clock; the rest of a spin is idle).
 
 Usage: cpu-breakdown.py OUT_DIR RUN_NAME...
 """
@@ -78,6 +80,13 @@ def main():
             bells = sb.get("send_doorbell_updates", 0) - sa.get("send_doorbell_updates", 0)
             reqs = sb.get("requests", 0) - sa.get("requests", 0)
             row["per_bell"] = reqs / bells if bells else None
+            row["polls"] = (sb.get("polls", 0) - sa.get("polls", 0)) / ios
+            row["idle_polls"] = (sb.get("idle_polls", 0) - sa.get("idle_polls", 0)) / ios
+        if os.path.exists(base + ".threads1"):
+            def busy_ns(path):
+                return sum(t["busy"] for t in json.load(open(path))["threads"])
+            row["reactor_busy_us"] = (busy_ns(base + ".threads1")
+                                      - busy_ns(base + ".threads0")) / 1e3 / ios
         if "syscr" in b:
             row["syscr"] = (b["syscr"] - a["syscr"]) / ios
             row["syscw"] = (b["syscw"] - a["syscw"]) / ios
@@ -107,12 +116,15 @@ def main():
         if "syscr" in r:
             print(f"| {r['run']} | read / write syscalls | | | {r['syscr']:.2f} | {r['syscw']:.2f} |")
     if any(r.get("per_bell") for r in rows):
-        print("\n## Our target: requests per send doorbell\n")
-        print("| run | requests per doorbell |")
-        print("|---|---:|")
+        print("\n## Our target: doorbells, polls and busy time\n")
+        print("| run | requests per doorbell | polls per I/O | idle polls per I/O "
+              "| reactor busy us per I/O |")
+        print("|---|---:|---:|---:|---:|")
         for r in rows:
             if r.get("per_bell"):
-                print(f"| {r['run']} | {r['per_bell']:.2f} |")
+                busy = r.get("reactor_busy_us")
+                print(f"| {r['run']} | {r['per_bell']:.2f} | {r['polls']:.1f} "
+                      f"| {r['idle_polls']:.1f} | {'' if busy is None else f'{busy:.1f}'} |")
 
 
 if __name__ == "__main__":

@@ -907,6 +907,9 @@ fn idle_connections_cost_the_housekeeping_tick_nothing() {
 /// An idle reactor arms its shared CQ before it sleeps: the next capsule signals the
 /// completion channel (what wakes a sleeping reactor), a completion while not armed does
 /// not, and a qpair with a transfer in flight bounds the sleep to the housekeeping tick.
+/// Waking costs one read of the channel, and only when the CQ signalled: a CQ that did not
+/// fire (the reactor woke for a message or its timer) stays armed, and the next sleep does
+/// not arm it again.
 #[test]
 fn an_idle_reactor_arms_its_cq_and_the_next_capsule_signals_it() {
     let mut lab = SimLab::new(21);
@@ -918,12 +921,20 @@ fn an_idle_reactor_arms_its_cq_and_the_next_capsule_signals_it() {
     lab.run_for(Duration::from_millis(50), Duration::from_millis(1));
 
     let mut sleeper = Sleeper::new().unwrap();
+    let arms = lab.fabric.stats().cq_arms;
     let bound = lab.pgs[0].prepare_sleep(&sleeper.wait_set());
     assert_eq!(bound, Some(Duration::from_millis(IDLE_SLEEP_MAX_MS)));
+    assert_eq!(lab.fabric.stats().cq_arms, arms + 1);
     assert!(
         !sleeper.wait(Duration::ZERO).unwrap(),
         "nothing happened yet"
     );
+    // Woken without the CQ (a timer): it stays armed, and the next sleep does not arm it.
+    assert_eq!(sleeper.ready().len(), 0);
+    lab.pgs[0].woken(sleeper.ready());
+    assert!(lab.pgs[0].prepare_sleep(&sleeper.wait_set()).is_some());
+    assert_eq!(lab.fabric.stats().cq_arms, arms + 1, "armed twice");
+
     // The host sends a command; the fabric delivers it into the target's CQ.
     q.submit(read_cmd(2, 0, 8), keyed(0, 4096));
     lab.fabric.advance(Duration::from_millis(1));
@@ -931,7 +942,8 @@ fn an_idle_reactor_arms_its_cq_and_the_next_capsule_signals_it() {
         sleeper.wait(Duration::from_secs(5)).unwrap(),
         "the capsule must signal the armed CQ's channel"
     );
-    lab.pgs[0].woken();
+    assert_eq!(sleeper.ready().len(), 1, "the CQ's channel signalled");
+    lab.pgs[0].woken(sleeper.ready());
     let c = q.wait(&mut lab, 2);
     assert!(c.status().is_success(), "{c:?}");
 
@@ -943,6 +955,18 @@ fn an_idle_reactor_arms_its_cq_and_the_next_capsule_signals_it() {
     let c = q.wait(&mut lab, 3);
     assert!(c.status().is_success(), "{c:?}");
 
+    // The event was taken: the next sleep arms the CQ again, and the next capsule wakes it.
+    lab.run_for(Duration::from_millis(50), Duration::from_millis(1));
+    assert!(lab.pgs[0].prepare_sleep(&sleeper.wait_set()).is_some());
+    assert_eq!(lab.fabric.stats().cq_arms, arms + 2);
+    q.submit(read_cmd(5, 0, 8), keyed(0, 4096));
+    lab.fabric.advance(Duration::from_millis(1));
+    assert!(sleeper.wait(Duration::from_secs(5)).unwrap());
+    assert_eq!(sleeper.ready().len(), 1);
+    lab.pgs[0].woken(sleeper.ready());
+    let c = q.wait(&mut lab, 5);
+    assert!(c.status().is_success(), "{c:?}");
+
     // A host that takes no responses: its qpair is watched, and the sleep ends at the tick
     // that would cut it off.
     let mut stalled = stalled_io_queue(&mut lab, &host, cntlid, 2, 16, 8192);
@@ -952,7 +976,7 @@ fn an_idle_reactor_arms_its_cq_and_the_next_capsule_signals_it() {
         lab.pgs[0].prepare_sleep(&sleeper.wait_set()),
         Some(Duration::from_millis(TICK_MS))
     );
-    lab.pgs[0].woken();
+    lab.pgs[0].woken(sleeper.ready());
 }
 
 /// A host that takes no responses and sends in-capsule data with commands the target refuses

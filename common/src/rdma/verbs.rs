@@ -177,10 +177,11 @@ pub trait VerbsCq: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Takes and acknowledges every event the channel holds, so the descriptor can signal
-    /// again; returns how many there were.
-    fn take_events(&self) -> Result<u32> {
-        Ok(0)
+    /// Takes and acknowledges one event from the channel, if it holds one: the CQ fired
+    /// and must be armed again for the next. An armed CQ raises at most one event, so a
+    /// caller that arms only after taking the last one never leaves one behind.
+    fn take_event(&self) -> Result<bool> {
+        Ok(false)
     }
 }
 
@@ -391,15 +392,12 @@ impl VerbsCq for CompletionQueue {
         self.req_notify(false)
     }
 
-    fn take_events(&self) -> Result<u32> {
-        let mut n = 0;
-        while self.get_event()? {
-            n += 1;
-        }
-        if n > 0 {
+    fn take_event(&self) -> Result<bool> {
+        let took = self.get_event()?;
+        if took {
             self.ack_events();
         }
-        Ok(n)
+        Ok(took)
     }
 }
 

@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use idle::{turns_to_next_look, SpinWindow, TurnClock};
-pub use sleep::{IdleMode, ReactorWaker, Sleeper, WaitSet};
+pub use sleep::{IdleMode, ReactorWaker, Ready, Sleeper, WaitSet};
 
 /// What a reactor polls.
 pub trait Pollable {
@@ -35,9 +35,11 @@ pub trait Pollable {
         let _ = wait;
         None
     }
-    /// After a sleep (or an attempt that found work): take and acknowledge the events of
-    /// the armed sources, so their descriptors signal again.
-    fn woken(&mut self) {}
+    /// After a sleep: take and acknowledge the events of the sources that signalled
+    /// (`ready`), so they can be armed again. Sources that did not signal stay armed.
+    fn woken(&mut self, ready: Ready<'_>) {
+        let _ = ready;
+    }
     /// A running count of the commands (host requests) this state has completed; the
     /// adaptive idle mode looks at how many each burst of work carried. 0 for states that
     /// serve no commands.

@@ -24,6 +24,9 @@ use std::time::Duration;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token};
 
+/// Events one sleep takes at most (more stay queued for the next).
+const EVENTS: usize = 16;
+
 /// What a reactor does with its core when it has nothing to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IdleMode {
@@ -62,8 +65,8 @@ impl FromStr for IdleMode {
     }
 }
 
+/// The waker's token; a watched descriptor's is its number plus one.
 const WAKER: Token = Token(0);
-const SOURCE: Token = Token(1);
 
 /// Wakes a reactor that sleeps (or is about to): `Send + Sync`, shared with every thread that
 /// queues work for it.
@@ -111,12 +114,15 @@ pub struct WaitSet<'a> {
 
 impl WaitSet<'_> {
     /// Watches `fd` for readability for as long as its file stays open (closing it removes
-    /// it). Register each open file once: the watch is edge-triggered, so the state must
-    /// drain the descriptor each time the reactor wakes ([`super::Pollable::woken`]).
+    /// it). Register each open file once. The watch is edge-triggered: every new event on
+    /// the file wakes the reactor once, whether or not older ones were read, and the reactor
+    /// tells the state which descriptors signalled ([`Ready`]) so it reads only those.
     pub fn watch(&self, fd: RawFd) -> io::Result<()> {
+        let token =
+            Token(usize::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))? + 1);
         match self
             .registry
-            .register(&mut SourceFd(&fd), SOURCE, Interest::READABLE)
+            .register(&mut SourceFd(&fd), token, Interest::READABLE)
         {
             // Watched already (the same open file under a number seen before): fine.
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
@@ -125,10 +131,33 @@ impl WaitSet<'_> {
     }
 }
 
+/// The watched descriptors that signalled during the reactor's last sleep (none when it did
+/// not sleep: the poll after arming found work).
+#[derive(Debug, Clone, Copy)]
+pub struct Ready<'a>(&'a [RawFd]);
+
+impl Ready<'_> {
+    pub fn contains(&self, fd: RawFd) -> bool {
+        self.0.contains(&fd)
+    }
+
+    /// How many descriptors signalled.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// The reactor thread's side: the epoll instance, its event buffer and the waker.
 pub struct Sleeper {
     poll: Poll,
     events: Events,
+    /// The watched descriptors the last wait returned (room for every event: no allocation
+    /// after the first sleep).
+    ready: Vec<RawFd>,
     waker: Arc<ReactorWaker>,
 }
 
@@ -142,7 +171,8 @@ impl Sleeper {
         });
         Ok(Self {
             poll,
-            events: Events::with_capacity(16),
+            events: Events::with_capacity(EVENTS),
+            ready: Vec::with_capacity(EVENTS),
             waker,
         })
     }
@@ -159,13 +189,27 @@ impl Sleeper {
     }
 
     /// Blocks until a watched descriptor or the waker signals (true) or `timeout` passes
-    /// (false; also when a signal interrupted the wait).
+    /// (false; also when a signal interrupted the wait). The descriptors that signalled are
+    /// then [`ready`](Self::ready).
     pub fn wait(&mut self, timeout: Duration) -> io::Result<bool> {
+        self.ready.clear();
         match self.poll.poll(&mut self.events, Some(timeout)) {
-            Ok(()) => Ok(!self.events.is_empty()),
+            Ok(()) => {
+                for event in &self.events {
+                    if let Some(fd) = event.token().0.checked_sub(1) {
+                        self.ready.push(fd as RawFd);
+                    }
+                }
+                Ok(!self.events.is_empty())
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// The watched descriptors that signalled in the last [`wait`](Self::wait).
+    pub fn ready(&self) -> Ready<'_> {
+        Ready(&self.ready)
     }
 
     /// One attempt to sleep: the state arms its sources and bounds the sleep
@@ -200,7 +244,9 @@ impl Sleeper {
             }
         }
         self.waker.end_sleep();
-        state.woken();
+        if work == 0 {
+            state.woken(Ready(&self.ready));
+        }
         Some(work)
     }
 }
@@ -412,6 +458,35 @@ mod tests {
         sleeper.wait_set().watch(ours.as_raw_fd()).unwrap();
         peer.write_all(b"x").unwrap();
         assert!(sleeper.wait(Duration::from_secs(5)).unwrap());
+    }
+
+    #[test]
+    fn a_wait_reports_which_descriptors_signalled() {
+        let mut sleeper = Sleeper::new().unwrap();
+        let (a, mut a_peer) = UnixStream::pair().unwrap();
+        let (b, mut b_peer) = UnixStream::pair().unwrap();
+        for s in [&a, &b] {
+            sleeper.wait_set().watch(s.as_raw_fd()).unwrap();
+        }
+        b_peer.write_all(b"x").unwrap();
+        assert!(sleeper.wait(Duration::from_secs(5)).unwrap());
+        let ready = sleeper.ready();
+        assert!(ready.contains(b.as_raw_fd()) && !ready.contains(a.as_raw_fd()));
+        assert_eq!(ready.len(), 1);
+        // The waker alone: no descriptor signalled.
+        sleeper.waker().begin_sleep();
+        sleeper.waker().wake();
+        assert!(sleeper.wait(Duration::from_secs(5)).unwrap());
+        assert!(sleeper.ready().is_empty());
+        // Edge-triggered: a new byte signals again though the first was never read, and a
+        // timeout reports nothing.
+        a_peer.write_all(b"y").unwrap();
+        b_peer.write_all(b"z").unwrap();
+        assert!(sleeper.wait(Duration::from_secs(5)).unwrap());
+        let ready = sleeper.ready();
+        assert!(ready.contains(a.as_raw_fd()) && ready.contains(b.as_raw_fd()));
+        assert!(!sleeper.wait(Duration::from_millis(10)).unwrap());
+        assert!(sleeper.ready().is_empty());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam::queue::SegQueue;
-use nvmf_common::reactor::{ReactorWaker, WaitSet};
+use nvmf_common::reactor::{ReactorWaker, Ready, WaitSet};
 
 use crate::core::request::{ReqTag, Wakeup};
 use crate::core::transport::TransportPollGroup;
@@ -196,9 +196,9 @@ impl PollGroup {
 
     /// After a sleep: transports take their completion events so the sources signal again.
     /// (The reactor reads the clock right after and hands the reading over.)
-    pub fn woken(&mut self) {
+    pub fn woken(&mut self, ready: Ready<'_>) {
         for t in &mut self.transports {
-            t.woken();
+            t.woken(ready);
         }
     }
 

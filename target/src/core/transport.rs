@@ -16,7 +16,7 @@
 use std::any::Any;
 use std::time::Duration;
 
-use nvmf_common::reactor::WaitSet;
+use nvmf_common::reactor::{Ready, WaitSet};
 
 use nvmf_common::rdma::RdmaError;
 
@@ -196,8 +196,11 @@ pub trait TransportPollGroup {
         None
     }
 
-    /// After a sleep: take the completion sources' events so they signal again.
-    fn woken(&mut self) {}
+    /// After a sleep: take the events of the completion sources that signalled (`ready`),
+    /// so they can be armed again.
+    fn woken(&mut self, ready: Ready<'_>) {
+        let _ = ready;
+    }
 
     /// This group's transport-specific `nvmf_get_stats` fields, written next to its "trtype"
     /// (SPDK's optional `poll_group_dump_stat`): none unless the transport has some.

@@ -107,10 +107,11 @@ ftrace_stop() {
 }
 
 # measure NAME DEV [PID]: one fio run against DEV between two snapshots (and, for our target,
-# two nvmf_get_stats: requests per send doorbell).
+# two nvmf_get_stats and thread_get_stats: requests per send doorbell, polls, busy time).
 measure() {
     local name=$1 dev=$2 pid=${3:-}
     [[ -n $pid ]] && nvmf_rpc nvmf_get_stats >"$LAB_OUT/$name.stats0"
+    [[ -n $pid ]] && nvmf_rpc thread_get_stats >"$LAB_OUT/$name.threads0"
     snapshot "$LAB_OUT/$name.snap0" "$pid"
     ftrace_start
     lab_fio "$name" --filename="$dev" --ioengine=libaio --direct=1 --runtime="$runtime" \
@@ -118,6 +119,7 @@ measure() {
     ftrace_stop "$name"
     snapshot "$LAB_OUT/$name.snap1" "$pid"
     [[ -n $pid ]] && nvmf_rpc nvmf_get_stats >"$LAB_OUT/$name.stats1"
+    [[ -n $pid ]] && nvmf_rpc thread_get_stats >"$LAB_OUT/$name.threads1"
     return 0
 }
 

@@ -477,20 +477,21 @@ impl VerbsCq for SimCq {
         let mut st = self.ctx.fabric.lock();
         if let Some(cq) = st.cqs.get_mut(&self.id) {
             cq.armed = self.channel.is_some();
+            if cq.armed {
+                st.stats.cq_arms += 1;
+            }
         }
         Ok(())
     }
 
-    fn take_events(&self) -> Result<u32> {
+    fn take_event(&self) -> Result<bool> {
         use std::io::Read as _;
         let Some(channel) = &self.channel else {
-            return Ok(0);
+            return Ok(false);
         };
-        let (mut n, mut buf) = (0u32, [0u8; 64]);
-        while let Ok(got @ 1..) = (&*channel).read(&mut buf) {
-            n += got as u32;
-        }
-        Ok(n)
+        // One byte per event, as the kernel's channel hands out one event per read.
+        let mut byte = [0u8; 1];
+        Ok(matches!((&*channel).read(&mut byte), Ok(1)))
     }
 }
 

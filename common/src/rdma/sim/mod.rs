@@ -137,6 +137,8 @@ pub struct SimStats {
     pub recv_wrs: u64,
     pub cq_polls: u64,
     pub empty_polls: u64,
+    /// `ibv_req_notify_cq` calls on CQs with a completion channel.
+    pub cq_arms: u64,
     /// Completions queued, and lost to CQ overruns.
     pub cqes: u64,
     pub cqes_lost: u64,

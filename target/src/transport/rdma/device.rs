@@ -87,6 +87,9 @@ pub struct DeviceResources<V: Verbs> {
     /// The CQ's completion channel is registered with the reactor's sleep (once per CQ: a
     /// rebuilt device starts unregistered).
     pub wake_registered: bool,
+    /// The CQ is armed and has not fired yet (no event taken since): a sleep need not arm it
+    /// again. Cleared when its event is taken.
+    pub cq_armed: bool,
     /// Data buffers one qpair may hold per class (small, large): a quarter of the pool, at
     /// least 16, so a host that stops taking its data cannot pin a whole pool and at least
     /// four qpairs always make progress. Third: capsule buffers it may execute from (an
@@ -188,6 +191,7 @@ impl<V: Verbs> DeviceResources<V> {
             max_cqe: attr.max_cqe,
             failed: false,
             wake_registered: false,
+            cq_armed: false,
             share: [
                 (small_count / 4).max(16).min(small_count),
                 (count / 4).max(16).min(count),

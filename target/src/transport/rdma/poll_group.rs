@@ -8,7 +8,7 @@ use nvmf_common::buffer::BufClass;
 use nvmf_common::rdma::{
     CmIdToken, RealVerbs, Verbs, VerbsContext, VerbsCq, WorkCompletion, MAX_CHAIN,
 };
-use nvmf_common::reactor::WaitSet;
+use nvmf_common::reactor::{Ready, WaitSet};
 use std::any::Any;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -342,7 +342,8 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
         self
     }
 
-    /// Arms each device's CQ (registering its completion channel on first use). Watched
+    /// Arms each device's CQ (registering its completion channel on first use) unless it is
+    /// still armed from an earlier sleep it did not end. Watched
     /// qpairs and failed devices need the housekeeping tick, so they bound the sleep to it;
     /// new connections, CM and async events come as poll group messages, which wake the
     /// reactor themselves.
@@ -365,9 +366,12 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
             if let Err(e) = dev.flush_all_reposts() {
                 tracing::error!("reposting receive buffers failed: {e}");
             }
-            if let Err(e) = dev.cq.arm() {
-                tracing::warn!("cannot arm a completion queue, polling instead: {e}");
-                return None;
+            if !dev.cq_armed {
+                if let Err(e) = dev.cq.arm() {
+                    tracing::warn!("cannot arm a completion queue, polling instead: {e}");
+                    return None;
+                }
+                dev.cq_armed = true;
             }
         }
         if !self.watch.is_empty() {
@@ -376,10 +380,22 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
         Some(bound)
     }
 
-    fn woken(&mut self) {
-        for dev in &self.devices {
-            if let Err(e) = dev.cq.take_events() {
-                tracing::warn!("reading completion events failed: {e}");
+    /// Takes the event of each CQ whose channel signalled: one read, where draining the
+    /// channel took two (the second to see it empty), and none for a CQ that did not fire.
+    fn woken(&mut self, ready: Ready<'_>) {
+        for dev in &mut self.devices {
+            let Some(fd) = dev.cq.wake_fd() else { continue };
+            if !dev.wake_registered || !ready.contains(fd) {
+                continue;
+            }
+            match dev.cq.take_event() {
+                Ok(true) => dev.cq_armed = false,
+                Ok(false) => {}
+                Err(e) => {
+                    // Arm again: a CQ left unarmed would never wake the reactor.
+                    dev.cq_armed = false;
+                    tracing::warn!("reading completion events failed: {e}");
+                }
             }
         }
     }
