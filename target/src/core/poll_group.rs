@@ -336,10 +336,21 @@ mod tests {
             });
             rx.recv_timeout(Duration::from_secs(20)).unwrap()
         };
-        let (first_ms, first_reads) = ask(&handles[0]);
         let turns = |r: &Reactor| {
             r.stats.busy_turns.load(Ordering::Relaxed) + r.stats.idle_turns.load(Ordering::Relaxed)
         };
+        // Until the reactor hands it a first reading, a core keeps time on its own: measure
+        // from after that (the counters are published every 1,024 turns, readings come at
+        // least every 128).
+        let waiting = Instant::now();
+        while turns(&reactors[0]) < 2048 {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(20),
+                "the reactor never turned"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (first_ms, first_reads) = ask(&handles[0]);
         let turns_before = turns(&reactors[0]);
         let start = Instant::now();
         std::thread::sleep(Duration::from_millis(400));

@@ -219,6 +219,9 @@ impl<V: Verbs> DeviceResources<V> {
             if want < need {
                 return false;
             }
+            // Whether a provider keeps the CQ armed across a resize is its own affair: arm it
+            // again before the next sleep.
+            self.cq_armed = false;
             match self.cq.resize(want) {
                 Ok(got) if got >= need => self.cq_capacity = got,
                 Ok(_) => return false,
