@@ -194,8 +194,9 @@ impl PollGroup {
         Some(bound)
     }
 
-    /// After a sleep: transports take their completion events so the sources signal again.
-    /// (The reactor reads the clock right after and hands the reading over.)
+    /// After a sleep: transports take the events of the completion sources that signalled
+    /// (`ready`), so those can be armed again; the others stay armed. (The reactor reads the
+    /// clock right after and hands the reading over.)
     pub fn woken(&mut self, ready: Ready<'_>) {
         for t in &mut self.transports {
             t.woken(ready);
