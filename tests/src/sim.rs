@@ -295,6 +295,7 @@ impl SimLab {
             sum.buffers_out += r.buffers_out;
             sum.recv_slots_held += r.recv_slots_held;
             sum.waiting += r.waiting;
+            sum.backlog += r.backlog;
         }
         sum
     }

@@ -293,6 +293,8 @@ pub(crate) struct FaultState {
     pub post_send: BTreeMap<u32, Vec<PostFault>>,
     pub post_recv: BTreeMap<u32, Vec<PostFault>>,
     pub held_writes: BTreeSet<u32>,
+    /// QP number -> extra delay (ns) of every response it sends (`Faults::late_responses`).
+    pub late_responses: BTreeMap<u32, u64>,
 }
 
 impl FaultState {

@@ -46,7 +46,8 @@
 //!   padding, disconnect from either side (DREQ / DREP / timeout, time wait), id drop
 //!   semantics, CM timeouts.
 //! - Faults ([`SimFabric::faults`]): a failing `post_send` / `post_recv` at a chosen call and
-//!   index, held RDMA WRITEs, stray RDMA WRITEs a QP's owner never posted, host crash (peers end in `RETRY_EXC_ERR` after the transport
+//!   index, held RDMA WRITEs, late responses (a requester's completions lagging the
+//!   peer's next requests), stray RDMA WRITEs a QP's owner never posted, host crash (peers end in `RETRY_EXC_ERR` after the transport
 //!   timeout), injected async events.
 //!
 //! Not simulated: SEND with immediate (posting it fails with `InvalidArgument`), atomics,
@@ -398,6 +399,11 @@ impl SimFabric {
         self.faults().release_writes(qp_num);
     }
 
+    /// [`Faults::late_responses`].
+    pub fn late_responses(&self, qp_num: u32, extra: Duration) {
+        self.faults().late_responses(qp_num, extra);
+    }
+
     /// [`Faults::crash_host`].
     pub fn crash_host(&self, ip: IpAddr) {
         self.faults().crash_host(ip);
@@ -518,6 +524,22 @@ impl Faults<'_> {
         let mut st = self.fabric.lock();
         st.faults.held_writes.insert(qp_num);
         st.trace(|| format!("fault: qp={qp_num} writes held"));
+    }
+
+    /// Every response QP `qp_num` sends from now on (ACK, READ response, NAK) reaches its
+    /// requester `extra` later than the link would deliver it, and requests the QP sends
+    /// after it may arrive first: as on soft-RoCE, where a requester's completions (its
+    /// completer task) can lag the commands its peer sent since (its responder task), so a
+    /// host's next command can come before our SEND's completion. `Duration::ZERO` ends it.
+    pub fn late_responses(&self, qp_num: u32, extra: Duration) {
+        let mut st = self.fabric.lock();
+        let ns = u64::try_from(extra.as_nanos()).unwrap_or(u64::MAX);
+        if ns == 0 {
+            st.faults.late_responses.remove(&qp_num);
+        } else {
+            st.faults.late_responses.insert(qp_num, ns);
+        }
+        st.trace(|| format!("fault: qp={qp_num} responses {ns} ns late"));
     }
 
     pub fn release_writes(&self, qp_num: u32) {

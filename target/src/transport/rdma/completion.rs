@@ -1,9 +1,12 @@
 //! Work completions: what a RECV, SEND, READ or WRITE completion does to its request and
 //! qpair. Everything here runs inside a reactor turn, on the hot path.
 
+use nvmf_common::buffer::IoBuf;
 use nvmf_common::rdma::{Verbs, VerbsCq, WcStatus, WorkCompletion};
 use nvmf_common::spec::sgl::SglKind;
 
+use super::backlog::{Overrun, Waiting};
+use super::device::DeviceResources;
 use super::poll_group::{RdmaPollGroup, POLL_BATCH};
 use super::qpair::{release, wrs_of, Qpair, SlotAccounts};
 use super::request::{parse_wr_id, HostData, RdmaRequest, State, WrKind, COVER_SLOT, DRAIN_SLOT};
@@ -114,9 +117,18 @@ impl<V: Verbs> RdmaPollGroup<V> {
             }
         };
         if !ok {
-            self.start_close(qi, core);
-        } else if freed {
+            return self.start_close(qi, core);
+        }
+        if freed {
             self.serve_reads(qi, core);
+        }
+        // A SEND's completion frees slots: commands that came before it wait for them.
+        if kind == WrKind::Send
+            && self.qpairs[qi]
+                .as_ref()
+                .is_some_and(|q| !q.backlog.is_empty())
+        {
+            self.serve_backlog(qi, core);
         }
     }
 
@@ -138,25 +150,88 @@ impl<V: Verbs> RdmaPollGroup<V> {
             self.devices[d].return_capsule(recv, capsule);
             return;
         };
-        let len = wc.byte_len() as usize;
+        let len = wc.byte_len();
         let qp = self.qpairs[qi].as_mut().expect("checked above");
-        let free = if len >= 64 { qp.acct.free.pop() } else { None };
-        let Some(si) = free else {
-            // A capsule shorter than an SQE, or more commands than the queue depth the host
-            // asked for: the host broke the protocol; drop the connection, not the target.
-            tracing::warn!(peer = %qp.state.peer, len, "malformed capsule or queue overrun; closing qpair");
+        let admitted = if len >= 64 {
+            qp.backlog.arrived()
+        } else {
+            Err(Overrun::Short(len))
+        };
+        if let Err(why) = admitted {
+            // A capsule shorter than an SQE, or more commands unanswered than the queue
+            // depth the host asked for: the host broke the protocol; drop the connection,
+            // not the target.
+            tracing::warn!(peer = %qp.state.peer, ?why, "malformed capsule or queue overrun; closing qpair");
             self.devices[d].return_capsule(recv, capsule);
             return self.start_close(qi, core);
+        }
+        let cmd = self.devices[d].command(recv);
+        let arrived = Waiting {
+            cmd,
+            len,
+            capsule,
+            received_ns: self.now_ns,
+        };
+        let free = if qp.backlog.is_empty() {
+            qp.acct.free.pop()
+        } else {
+            None
+        };
+        match free {
+            Some(si) => self.begin(d, qi, si, arrived, Some(recv), core),
+            // Every slot is taken, though the host is within its queue: our completions
+            // for responses it has seen are late. The command waits for the next free slot
+            // (`backlog`), behind any older one.
+            None => qp.backlog.wait(arrived),
+        }
+    }
+
+    /// Slots of qpair `qi` freed: commands waiting for one take them, oldest first.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn serve_backlog(&mut self, qi: usize, core: &mut CoreCtx) {
+        loop {
+            let Some(qp) = self.qpairs[qi].as_mut().filter(|q| q.closing.is_none()) else {
+                return;
+            };
+            if qp.backlog.is_empty() {
+                return;
+            }
+            let Some(si) = qp.acct.free.pop() else {
+                return;
+            };
+            let waiting = qp.backlog.next().expect("not empty");
+            let d = qp.dev;
+            self.begin(d, qi, si, waiting, None, core);
+        }
+    }
+
+    /// Starts command `c` of qpair `qi` in free slot `si`. `recv`: the receive slot it
+    /// arrived in, if that slot is not posted again yet, where a capsule buffer it does not
+    /// need goes back; a command that waited gives it back to the pool instead.
+    fn begin(
+        &mut self,
+        d: usize,
+        qi: usize,
+        si: u32,
+        c: Waiting,
+        recv: Option<u32>,
+        core: &mut CoreCtx,
+    ) {
+        let give_back = |dev: &mut DeviceResources<V>, capsule: Option<IoBuf>| {
+            if let Some(recv) = recv {
+                dev.return_capsule(recv, capsule);
+            }
         };
         let dev = &mut self.devices[d];
-        let cmd = dev.command(recv);
         dev.stats.requests += 1;
+        let qp = self.qpairs[qi].as_mut().expect("a live qpair");
         let r = &mut qp.requests[si as usize];
         debug_assert_eq!(r.state, State::Free);
-        r.received_ns = self.now_ns;
-        r.req.reset(cmd);
-        r.received_data = (len - 64) as u32;
-        r.host = match cmd.dptr.classify() {
+        r.received_ns = c.received_ns;
+        r.req.reset(c.cmd);
+        r.received_data = c.len - 64;
+        r.host = match c.cmd.dptr.classify() {
             SglKind::Keyed {
                 addr,
                 key,
@@ -177,9 +252,9 @@ impl<V: Verbs> RdmaPollGroup<V> {
         // (or executes from the capsule buffer itself); any other capsule goes back to its
         // receive slot now.
         if matches!(r.host, HostData::InCapsule { .. }) {
-            r.capsule = capsule;
+            r.capsule = c.capsule;
         } else {
-            dev.return_capsule(recv, capsule);
+            give_back(dev, c.capsule);
         }
         let id = Waiter {
             qpair: qi,
@@ -196,7 +271,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             let r = &mut qp.requests[si as usize];
             if r.state != State::NeedBuffer {
                 if let Some(capsule) = r.capsule.take() {
-                    self.devices[d].return_capsule(recv, Some(capsule));
+                    give_back(&mut self.devices[d], Some(capsule));
                 }
             }
         }

@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
 
+use super::backlog::Backlog;
 use super::device::DeviceResources;
 use super::poll_group::{watch, RdmaPollGroup};
 use super::qpair::{claim_index, release, transfer_stuck, Qpair, SlotAccounts, CQE_LEN};
@@ -179,6 +180,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             sq_capacity,
             cq_share,
             acct: SlotAccounts::new(slots),
+            backlog: Backlog::new(depth),
             batch: Vec::with_capacity(slots as usize),
             reads: Vec::with_capacity(slots as usize),
             awaiting_read: VecDeque::with_capacity(slots as usize),
@@ -302,6 +304,8 @@ impl<V: Verbs> RdmaPollGroup<V> {
         qp.batch.clear();
         qp.awaiting_read.clear();
         qp.acct.parked.iter_mut().for_each(VecDeque::clear);
+        // Commands waiting for a slot go unanswered; their capsule buffers go back now.
+        qp.backlog.clear();
         let marker = SendWr::send(wr_id(WrKind::Send, qp.gen, qi, DRAIN_SLOT), &[]);
         if qp.qp.post_send(&[marker]).is_ok() {
             qp.sq_used += 1;

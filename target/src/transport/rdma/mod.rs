@@ -26,6 +26,7 @@ use crate::core::PollGroupHandle;
 use crate::transport::options::TransportOptions;
 use crate::transport::{Transport, TransportError, TransportLimits, TransportPollGroup};
 
+mod backlog;
 mod completion;
 mod connection;
 mod device;

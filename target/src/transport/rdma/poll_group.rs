@@ -235,12 +235,15 @@ pub struct PollGroupResources {
     pub waiting: usize,
     /// Requests parked on their qpair, which holds its whole share of their buffer class.
     pub parked: usize,
+    /// Commands that arrived while their qpair had no free request slot, waiting for one.
+    pub backlog: usize,
 }
 
 impl<V: Verbs> RdmaPollGroup<V> {
     pub fn resources(&self) -> PollGroupResources {
         let live = self.qpairs.iter().flatten();
         let live_parked = live.clone().map(|q| q.acct.parked()).sum();
+        let backlog = live.clone().map(|q| q.backlog.len()).sum();
         PollGroupResources {
             qpairs: live.clone().count(),
             requests_in_use: live
@@ -271,6 +274,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
             recv_slots_held: self.devices.iter().map(|d| d.recv_slots_held()).sum(),
             recv_slots_waiting: self.devices.iter().map(|d| d.reposts_waiting()).sum(),
             parked: live_parked,
+            backlog,
             waiting: self.need_buffer[0].len()
                 + self.need_buffer[1].len()
                 + self.need_send.len()

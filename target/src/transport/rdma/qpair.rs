@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 
 use nvmf_common::rdma::{CmIdToken, DmaBuf, RdmaError, Verbs};
 
+use super::backlog::Backlog;
 use super::request::{HostData, RdmaRequest, State, MAX_QPAIRS};
 use super::send_batch::Cover;
 use super::wait_queue::{RequestSlots, WaitQueue, Waiter};
@@ -34,6 +35,9 @@ pub(super) struct Qpair<V: Verbs> {
     pub cq_share: u32,
     /// Data buffers its requests hold and its free request slots.
     pub acct: SlotAccounts,
+    /// Commands that arrived before a slot freed for them, and the count that tells a
+    /// queue overrun apart from them.
+    pub backlog: Backlog,
     /// Requests whose responses wait, send queue room reserved, for this turn's post (one
     /// doorbell per qpair and turn, not one per response). Capacity for every slot, so
     /// pushing never allocates.

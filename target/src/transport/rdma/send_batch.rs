@@ -125,6 +125,8 @@ pub(super) fn flush_batch<V: Verbs, const LEAD_READS: bool, const DEFER: bool>(
             Ok(()) => {
                 // The READs were `Reading` already, their credit and room reserved.
                 posted += n_wr;
+                // The host may send a command for each response it will see.
+                qp.backlog.answered(n_req as u32);
                 for (j, &si) in slots[..n_req].iter().enumerate() {
                     let r = &mut qp.requests[si as usize];
                     r.posted_ms = now_ms;
