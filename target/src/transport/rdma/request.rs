@@ -163,8 +163,9 @@ const _: () = assert!(MAX_SLOTS < COVER_SLOT && COVER_SLOT < DRAIN_SLOT);
 
 /// Request slots for a queue of `depth` entries: twice the depth, because a host may reuse a
 /// slot as soon as it sees our response, before we reaped the SEND's completion (or while
-/// it is deferred: a qpair defers only while more than half its slots are free). Always
-/// below [`MAX_SLOTS`], so never [`DRAIN_SLOT`].
+/// it is deferred: a qpair defers only while more than half its slots are free). A command
+/// that still finds none waits for one (`backlog`). Always below [`MAX_SLOTS`], so never
+/// [`DRAIN_SLOT`].
 pub fn slots_for(depth: u16) -> u32 {
     u32::from(depth) * 2
 }
