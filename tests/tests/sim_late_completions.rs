@@ -84,6 +84,12 @@ fn commands_that_outrun_the_completions_freeing_their_slots_wait_and_all_complet
         most_waiting <= usize::from(depth),
         "{most_waiting} commands waited, more than the host's queue holds"
     );
+    // `nvmf_get_stats` counts them, in SPDK's name.
+    let waited = device_stat(&mut lab, "pending_free_request");
+    assert!(
+        waited >= most_waiting as u64,
+        "{waited} counted, {most_waiting} seen waiting at once"
+    );
     assert!(io.send_errors.is_empty(), "{:?}", io.send_errors);
     lab.fabric
         .faults()

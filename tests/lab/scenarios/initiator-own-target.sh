@@ -98,6 +98,15 @@ for job in "randread -q 32" "randrw -M 70 -q 32"; do
 done
 # The human-readable report, once.
 lab_t 60 "$PERF" -r "$r" -c 0x2 -o 4096 -w randread -q 8 -P 2 -t 2 >&2 || lab_fail "nvmf-perf -P 2 failed"
+# Commands that came before the completion freeing their slot waited for one (soft-RoCE
+# does not order them); none of them cost a queue.
+waited=$(nvmf_rpc nvmf_get_stats | /usr/bin/python3 -c '
+import json, sys
+stats = json.load(sys.stdin)
+print(sum(d.get("pending_free_request", 0) for g in stats["poll_groups"]
+          for t in g.get("transports", []) for d in t.get("devices", [])))')
+echo "commands that waited for a free request slot so far: $waited"
+summary+=("commands that waited for a free request slot: $waited")
 
 run_host_test "$nqn" "$port" own on local
 

@@ -182,7 +182,10 @@ impl<V: Verbs> RdmaPollGroup<V> {
             // Every slot is taken, though the host is within its queue: our completions
             // for responses it has seen are late. The command waits for the next free slot
             // (`backlog`), behind any older one.
-            None => qp.backlog.wait(arrived),
+            None => {
+                qp.backlog.wait(arrived);
+                self.devices[d].stats.pending_free_request += 1;
+            }
         }
     }
 

@@ -39,6 +39,9 @@ pub struct DeviceStats {
     pub requests: u64,
     /// Nanoseconds from capsule arrival to response completion, summed over requests.
     pub request_latency: u64,
+    /// Commands that arrived while their qpair had no free request slot and waited for one
+    /// (`backlog`), counted as SPDK counts its `pending_free_request`: as they happen.
+    pub pending_free_request: u64,
     pub total_send_wrs: u64,
     pub send_doorbell_updates: u64,
     pub total_recv_wrs: u64,

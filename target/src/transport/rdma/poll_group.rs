@@ -429,7 +429,7 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
                     "completions": st.completions,
                     "requests": st.requests,
                     "request_latency": st.request_latency,
-                    "pending_free_request": 0,
+                    "pending_free_request": st.pending_free_request,
                     "pending_rdma_read": self
                         .qpairs
                         .iter()
