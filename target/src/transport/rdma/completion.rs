@@ -4,6 +4,7 @@
 use nvmf_common::buffer::IoBuf;
 use nvmf_common::rdma::{Verbs, VerbsCq, WcStatus, WorkCompletion};
 use nvmf_common::spec::sgl::SglKind;
+use nvmf_common::spec::Command;
 
 use super::backlog::{Overrun, Waiting};
 use super::device::DeviceResources;
@@ -165,25 +166,25 @@ impl<V: Verbs> RdmaPollGroup<V> {
             self.devices[d].return_capsule(recv, capsule);
             return self.start_close(qi, core);
         }
-        let cmd = self.devices[d].command(recv);
-        let arrived = Waiting {
-            cmd,
-            len,
-            capsule,
-            received_ns: self.now_ns,
-        };
         let free = if qp.backlog.is_empty() {
             qp.acct.free.pop()
         } else {
             None
         };
+        let cmd = self.devices[d].command(recv);
+        let now = self.now_ns;
         match free {
-            Some(si) => self.begin(d, qi, si, arrived, Some(recv), core),
+            Some(si) => self.begin(d, qi, si, &cmd, len, capsule, now, Some(recv), core),
             // Every slot is taken, though the host is within its queue: our completions
             // for responses it has seen are late. The command waits for the next free slot
             // (`backlog`), behind any older one.
             None => {
-                qp.backlog.wait(arrived);
+                qp.backlog.wait(Waiting {
+                    cmd,
+                    len,
+                    capsule,
+                    received_ns: now,
+                });
                 self.devices[d].stats.pending_free_request += 1;
             }
         }
@@ -203,21 +204,39 @@ impl<V: Verbs> RdmaPollGroup<V> {
             let Some(si) = qp.acct.free.pop() else {
                 return;
             };
-            let waiting = qp.backlog.next().expect("not empty");
+            let w = qp.backlog.next().expect("not empty");
             let d = qp.dev;
-            self.begin(d, qi, si, waiting, None, core);
+            self.begin(
+                d,
+                qi,
+                si,
+                &w.cmd,
+                w.len,
+                w.capsule,
+                w.received_ns,
+                None,
+                core,
+            );
         }
     }
 
-    /// Starts command `c` of qpair `qi` in free slot `si`. `recv`: the receive slot it
-    /// arrived in, if that slot is not posted again yet, where a capsule buffer it does not
-    /// need goes back; a command that waited gives it back to the pool instead.
+    /// Starts command `cmd` of qpair `qi` in free slot `si`: it carried `len` bytes (the SQE
+    /// included) and arrived at `received_ns`, its in-capsule data (if any) in `capsule`.
+    /// `recv`: the receive slot it arrived in, if that slot is not posted again yet, where a
+    /// capsule buffer it does not need goes back; a command that waited gives it back to the
+    /// pool instead. Inlined, with the command's parts apart: on the receive path, building
+    /// and moving a `Waiting` cost 35 instructions per command (callgrind).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn begin(
         &mut self,
         d: usize,
         qi: usize,
         si: u32,
-        c: Waiting,
+        cmd: &Command,
+        len: u32,
+        capsule: Option<IoBuf>,
+        received_ns: u64,
         recv: Option<u32>,
         core: &mut CoreCtx,
     ) {
@@ -231,10 +250,10 @@ impl<V: Verbs> RdmaPollGroup<V> {
         let qp = self.qpairs[qi].as_mut().expect("a live qpair");
         let r = &mut qp.requests[si as usize];
         debug_assert_eq!(r.state, State::Free);
-        r.received_ns = c.received_ns;
-        r.req.reset(c.cmd);
-        r.received_data = c.len - 64;
-        r.host = match c.cmd.dptr.classify() {
+        r.received_ns = received_ns;
+        r.req.reset(*cmd);
+        r.received_data = len - 64;
+        r.host = match cmd.dptr.classify() {
             SglKind::Keyed {
                 addr,
                 key,
@@ -255,9 +274,9 @@ impl<V: Verbs> RdmaPollGroup<V> {
         // (or executes from the capsule buffer itself); any other capsule goes back to its
         // receive slot now.
         if matches!(r.host, HostData::InCapsule { .. }) {
-            r.capsule = c.capsule;
+            r.capsule = capsule;
         } else {
-            give_back(dev, c.capsule);
+            give_back(dev, capsule);
         }
         let id = Waiter {
             qpair: qi,
