@@ -1,6 +1,7 @@
 //! The randomized driver of the RDMA transport over the simulated fabric: a schedule of
 //! connects of random depth, valid and garbage capsules, hosts that stop receiving, disconnect
-//! or vanish, and time jumps past every timeout, with the target's invariants checked after
+//! or vanish, hosts whose ACKs come late while they keep their queue full (commands then wait
+//! for request slots: about 2 seeds in 5 make some), and time jumps past every timeout, with the target's invariants checked after
 //! every step. A schedule comes from a seed ([`run_seed`]) or from fuzzer bytes
 //! ([`run_bytes`]); the same input replays exactly.
 //!
@@ -15,6 +16,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use nvmf_common::rdma::VerbsQp;
 use nvmf_common::spec::command::Command;
 use nvmf_common::spec::fabrics::CNTLID_DYNAMIC;
 use zerocopy::IntoBytes;
@@ -123,7 +125,7 @@ impl Driver {
     }
 
     fn step(&mut self, c: &mut impl Choices) {
-        match c.below(16) {
+        match c.below(17) {
             0 | 1 => self.connect(c),
             2..=6 => self.command(c),
             7 => self.garbage(c),
@@ -137,6 +139,7 @@ impl Driver {
                     Duration::from_millis(ms.div_ceil(20)),
                 );
             }
+            16 => self.late_responses(c),
             _ => self.lab.turns(1 + c.below(20)),
         }
         self.collect();
@@ -298,6 +301,42 @@ impl Driver {
             // Give back what was withheld (into the slots that have none: reposting a
             // slot still posted made two responses share a buffer).
             t.q.post_missing_receives();
+        }
+    }
+
+    /// The host's responses (its ACKs of our SENDs among them) start or stop coming late,
+    /// so its next commands can outrun the completions that free their slots.
+    fn late_responses(&mut self, c: &mut impl Choices) {
+        let Some(i) = self.open_queue(c) else { return };
+        let extra = [0u64, 300, 5_000, 50_000][c.below(4)];
+        let qp = self.queues[i].q.qp.qp_num();
+        self.lab
+            .fabric
+            .faults()
+            .late_responses(qp, Duration::from_micros(extra));
+        if extra > 0 && c.below(2) == 0 {
+            self.keep_queue_full(i, c.below(200));
+        }
+    }
+
+    /// Queue `i`'s host keeps its whole queue busy for `turns` turns: a new command (a
+    /// flush) as each response comes in, as a fast host does.
+    fn keep_queue_full(&mut self, i: usize, turns: usize) {
+        for _ in 0..turns {
+            let t = &mut self.queues[i];
+            if t.closed {
+                return;
+            }
+            let inflight: u32 = t.outstanding.values().sum();
+            if inflight < u32::from(t.q.depth) {
+                let cid = t.next_cid;
+                t.next_cid = t.next_cid.wrapping_add(1).max(1) % 0x7000;
+                if t.q.try_submit(Command::flush(cid, 1), Data::None) {
+                    *t.outstanding.entry(cid).or_default() += 1;
+                }
+            }
+            self.lab.turn();
+            self.collect();
         }
     }
 
