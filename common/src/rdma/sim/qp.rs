@@ -441,12 +441,15 @@ impl FabricState {
     fn respond(&mut self, from: ObjId, to: ObjId, psn: u64, body: Body) {
         let mut at = self.link_time(from, to);
         // A late response leaves the link's order: requests sent after it may pass it.
-        let late = self
-            .qps
-            .get(&from)
-            .and_then(|q| self.faults.late_responses.get(&q.num));
-        if let Some(&extra) = late {
-            at = at.saturating_add(extra);
+        // (Looked up only while the fault is set: every response passes here.)
+        if !self.faults.late_responses.is_empty() {
+            let late = self
+                .qps
+                .get(&from)
+                .and_then(|q| self.faults.late_responses.get(&q.num));
+            if let Some(&extra) = late {
+                at = at.saturating_add(extra);
+            }
         }
         self.stats.packets += 1;
         self.schedule(
