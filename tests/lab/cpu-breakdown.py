@@ -1,5 +1,6 @@
 """Summarizes the cpu-breakdown scenario: per run, IOPS and, per I/O, the whole VM's CPU split
-into user, system, softirq and irq time, its context switches, interrupts and softirqs by kind,
+into user, system, softirq and irq time, its context switches, interrupts, softirqs by kind and
+soft-RoCE's hardware counters,
 and (for our target) its threads' CPU time, context switches and read/write syscalls, and
 the requests per send doorbell, polls and idle polls its nvmf_get_stats counted and the busy
 time thread_get_stats reports (busy: turns that did work and the first idle turns of a spin,
@@ -30,6 +31,9 @@ def read_snapshot(path):
             snap[f[0]] = int(f[1])
         elif f[0].startswith("softirq_"):
             snap[f[0]] = sum(map(int, f[1:]))
+        elif f[0].startswith("rxe_") and len(f) == 2:
+            # the same counter of several devices or ports: summed
+            snap[f[0]] = snap.get(f[0], 0) + int(f[1])
         elif f[0] == "task":
             # task COMM UTIME STIME VOLUNTARY NONVOLUNTARY
             name = f[1]
@@ -69,6 +73,7 @@ def main():
             "ctxt": (b["ctxt"] - a["ctxt"]) / ios,
             "intr": (b["intr"] - a["intr"]) / ios,
             "softirqs": {k[8:]: (b[k] - a.get(k, 0)) / ios for k in b if k.startswith("softirq_")},
+            "rxe": {k[4:]: (b[k] - a.get(k, 0)) / ios for k in b if k.startswith("rxe_")},
             "tasks": {},
         }
         for name, vals in b["tasks"].items():
@@ -106,6 +111,14 @@ def main():
     print("|---|" + "---:|" * len(kinds))
     for r in rows:
         print(f"| {r['run']} | " + " | ".join(f"{r['softirqs'].get(k, 0):.2f}" for k in kinds) + " |")
+    counters = sorted({k for r in rows for k, v in r["rxe"].items() if v >= 0.005})
+    if counters:
+        print("\n## Soft-RoCE counters per I/O\n")
+        print("| run | " + " | ".join(counters) + " |")
+        print("|---|" + "---:|" * len(counters))
+        for r in rows:
+            print(f"| {r['run']} | " + " | ".join(f"{r['rxe'].get(k, 0):.2f}" for k in counters)
+                  + " |")
     print("\n## Our target's threads, per I/O\n")
     print("| run | thread | user us | system us | voluntary switches | involuntary switches |")
     print("|---|---|---:|---:|---:|---:|")

@@ -3,7 +3,8 @@
 # in one boot. The same fio job runs against each target (null backends, both on rxe0); around
 # each run the scenario takes the exact counters the kernel keeps: whole-VM CPU split into
 # user, system, softirq (where rxe runs) and irq, context switches and interrupts (/proc/stat),
-# softirqs by kind (/proc/softirqs), and for our target its threads' user and system time,
+# softirqs by kind (/proc/softirqs), soft-RoCE's hardware counters (packets, retries, RNR NAKs),
+# and for our target its threads' user and system time,
 # voluntary and involuntary context switches and read/write syscalls (/proc/PID). The report
 # gives each per I/O, so the difference between the targets shows where it is spent (our
 # reactor, wake-ups, rxe, the host) rather than only how large it is. (perf's cpu-clock
@@ -34,6 +35,8 @@ fio_args=("$@")
 read -r -a modes <<<"${NVMF_CPU_MODES:-adaptive}"
 
 lab_rxe_up
+# What the guest CPU mitigates on each syscall and switch (it prices user-space work under TCG).
+grep -H . /sys/devices/system/cpu/vulnerabilities/* >"$LAB_OUT/cpu-vulnerabilities" 2>/dev/null || true
 nbdev=$(lab_null_blk 1 1024 4096 0)
 lab_kernel_target_up kernel "$nbdev" "$LAB_ADDR0" 4420
 kdev=$(lab_nvme_connect "$(lab_nqn kernel)" "$LAB_ADDR0" 4420)
@@ -44,6 +47,11 @@ snapshot() {
         echo "uptime $(lab__now)"
         grep -E '^(cpu|ctxt|intr) ' /proc/stat | cut -d' ' -f1-12
         sed -n 's/^ *\([A-Z_]*\): *\(.*\)/softirq_\1 \2/p' /proc/softirqs
+        # Soft-RoCE's own counters (packets, retries, RNR NAKs, deferred ACKs), all devices.
+        local c
+        for c in /sys/class/infiniband/*/ports/*/hw_counters/*; do
+            [[ -r $c ]] && echo "rxe_$(basename "$c") $(cat "$c")"
+        done
         if [[ -n ${2:-} ]]; then
             local t
             for t in /proc/"$2"/task/*; do
