@@ -27,6 +27,8 @@ def read_snapshot(path):
             continue
         if f[0] == "cpu":
             snap["cpu"] = dict(zip(CPU_FIELDS, map(int, f[1:9])))
+        elif f[0].startswith("cpu"):
+            snap.setdefault("vcpus", {})[f[0]] = dict(zip(CPU_FIELDS, map(int, f[1:9])))
         elif f[0] in ("ctxt", "intr", "syscr", "syscw"):
             snap[f[0]] = int(f[1])
         elif f[0].startswith("softirq_"):
@@ -34,6 +36,17 @@ def read_snapshot(path):
         elif f[0].startswith("rxe_") and len(f) == 2:
             # the same counter of several devices or ports: summed
             snap[f[0]] = snap.get(f[0], 0) + int(f[1])
+        elif f[0] == "thread_stat":
+            # "thread_stat PID (COMM) STATE ...": every thread of the VM (exited ones, such as
+            # fio's, drop out). COMM may hold spaces and parentheses: split at the last ")".
+            head, _, rest = line.rpartition(")")
+            name = head.split("(", 1)[1].replace(" ", "_")
+            # a kworker's name carries the workqueue it last ran: keep the worker's part
+            if name.startswith("kworker/"):
+                name = name.split("-")[0]
+            stat = rest.split()
+            all_threads = snap.setdefault("threads", {})
+            all_threads[name] = all_threads.get(name, 0) + int(stat[11]) + int(stat[12])
         elif f[0] == "task":
             # task COMM UTIME STIME VOLUNTARY NONVOLUNTARY
             name = f[1]
@@ -60,7 +73,17 @@ def main():
             return ticks * 1e6 / USER_HZ / ios
 
         cpu = {k: b["cpu"][k] - a["cpu"][k] for k in CPU_FIELDS}
+        # fio's threads exit before the last snapshot: their CPU is fio's own report, in
+        # percent of one CPU over each job's run time.
+        fio_us = sum((j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] * 1e3
+                     for j in doc["jobs"]) / ios
         busy = sum(cpu.values()) - cpu["idle"] - cpu["iowait"]
+        vcpus = {}
+        for name, after in b.get("vcpus", {}).items():
+            before = a.get("vcpus", {}).get(name, dict.fromkeys(CPU_FIELDS, 0))
+            d = {k: after[k] - before[k] for k in CPU_FIELDS}
+            vcpus[name] = (per_io_us(sum(d.values()) - d["idle"] - d["iowait"]),
+                           per_io_us(d["softirq"]))
         row = {
             "run": run,
             "iops": iops,
@@ -75,6 +98,9 @@ def main():
             "softirqs": {k[8:]: (b[k] - a.get(k, 0)) / ios for k in b if k.startswith("softirq_")},
             "rxe": {k[4:]: (b[k] - a.get(k, 0)) / ios for k in b if k.startswith("rxe_")},
             "tasks": {},
+            "vcpus": vcpus,
+            "threads": {n: per_io_us(t - a.get("threads", {}).get(n, 0))
+                        for n, t in b.get("threads", {}).items()} | {"fio (its report)": fio_us},
         }
         for name, vals in b["tasks"].items():
             old = a["tasks"].get(name, [0, 0, 0, 0])
@@ -105,6 +131,22 @@ def main():
         print(f"| {r['run']} | {r['iops']:.0f} | {r['p99'] / 1000:.0f} | {r['busy_us']:.0f} "
               f"| {r['user_us']:.0f} | {r['sys_us']:.0f} | {r['softirq_us']:.0f} "
               f"| {r['irq_us']:.0f} | {r['ctxt']:.2f} | {r['intr']:.2f} |")
+    names = sorted({n for r in rows for n in r["vcpus"]}, key=lambda n: int(n[3:]))
+    if names:
+        print("\n## Busy and softirq us per I/O, by vCPU\n")
+        print("| run | " + " | ".join(f"{n} busy | {n} softirq" for n in names) + " |")
+        print("|---|" + "---:|---:|" * len(names))
+        for r in rows:
+            print(f"| {r['run']} | " + " | ".join(
+                "{:.0f} | {:.0f}".format(*r["vcpus"].get(n, (0, 0))) for n in names) + " |")
+    busiest = sorted({n for r in rows for n, us in r["threads"].items() if us >= 2})
+    if busiest:
+        print("\n## Busiest threads of the VM, user + system us per I/O\n")
+        print("(a thread's time includes the softirqs that ran while it was current)\n")
+        print("| thread | " + " | ".join(r["run"] for r in rows) + " |")
+        print("|---|" + "---:|" * len(rows))
+        for n in busiest:
+            print(f"| {n} | " + " | ".join(f"{r['threads'].get(n, 0):.0f}" for r in rows) + " |")
     kinds = sorted({k for r in rows for k, v in r["softirqs"].items() if v >= 0.05})
     print("\n## Softirqs per I/O\n")
     print("| run | " + " | ".join(kinds) + " |")

@@ -23,6 +23,9 @@
 #   for counting calls and their callers, not for its CPU time.
 # NVMF_CPU_SYSCALLS=1: count every thread's system calls by number in each run (a histogram
 #   on raw_syscalls:sys_enter), written to $LAB_OUT/NAME.syscalls as "calls tid comm nr".
+# NVMF_CPU_SOFTIRQS=1: count the softirqs each thread was running when they ran, by kind
+#   (irq:softirq_entry), written to $LAB_OUT/NAME.softirqs as "runs tid comm vec" (vec: 6 is
+#   TASKLET, 3 NET_RX; ksoftirqd/N is CPU N's deferred ones).
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
 lab_init cpu-breakdown
@@ -45,13 +48,17 @@ kdev=$(lab_nvme_connect "$(lab_nqn kernel)" "$LAB_ADDR0" 4420)
 snapshot() {
     {
         echo "uptime $(lab__now)"
-        grep -E '^(cpu|ctxt|intr) ' /proc/stat | cut -d' ' -f1-12
+        grep -E '^(cpu[0-9]*|ctxt|intr) ' /proc/stat | cut -d' ' -f1-12
         sed -n 's/^ *\([A-Z_]*\): *\(.*\)/softirq_\1 \2/p' /proc/softirqs
         # Soft-RoCE's own counters (packets, retries, RNR NAKs, deferred ACKs), all devices.
         local c
         for c in /sys/class/infiniband/*/ports/*/hw_counters/*; do
             [[ -r $c ]] && echo "rxe_$(basename "$c") $(cat "$c")"
         done
+        # Every thread's stat line (user and system time): where the whole VM's time went, by
+        # thread. One process, so the snapshot itself costs little of the window it measures.
+        # (a thread may exit between the glob and its read: cat then fails, the rest is read)
+        { cat /proc/[0-9]*/task/[0-9]*/stat 2>/dev/null || true; } | sed 's/^/thread_stat /'
         if [[ -n ${2:-} ]]; then
             local t
             for t in /proc/"$2"/task/*; do
@@ -67,7 +74,7 @@ snapshot() {
 # A tracefs of the scenario's own: the guest's /sys/kernel/tracing may be read-only.
 TRACING=
 read -r -a traced <<<"${NVMF_CPU_FTRACE:-}"
-if ((${#traced[@]})) || [[ -n ${NVMF_CPU_SYSCALLS:-} ]]; then
+if ((${#traced[@]})) || [[ -n ${NVMF_CPU_SYSCALLS:-} || -n ${NVMF_CPU_SOFTIRQS:-} ]]; then
     TRACING=$(mktemp -d /tmp/tracefs.XXXXXX)
     mount -t tracefs nodev "$TRACING"
 fi
@@ -83,10 +90,13 @@ if ((${#traced[@]})); then
     traced=("${probed[@]}")
 fi
 SYSCALL_HIST='hist:keys=common_pid,id:vals=hitcount:sort=hitcount.descending:size=8192'
+SOFTIRQ_HIST='hist:keys=common_pid,vec:vals=hitcount:sort=hitcount.descending:size=8192'
 ftrace_start() {
     local f
     [[ -z ${NVMF_CPU_SYSCALLS:-} ]] ||
         echo "$SYSCALL_HIST" >"$TRACING/events/raw_syscalls/sys_enter/trigger"
+    [[ -z ${NVMF_CPU_SOFTIRQS:-} ]] ||
+        echo "$SOFTIRQ_HIST" >"$TRACING/events/irq/softirq_entry/trigger"
     for f in "${traced[@]}"; do
         echo 'hist:keys=stacktrace:vals=hitcount:sort=hitcount.descending:size=4096' \
             >"$TRACING/events/lab/$f/trigger"
@@ -103,6 +113,15 @@ ftrace_stop() {
                 echo "$calls $tid $(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null || echo gone) $nr"
             done >"$LAB_OUT/$1.syscalls"
         echo "!$SYSCALL_HIST" >"$TRACING/events/raw_syscalls/sys_enter/trigger"
+    fi
+    if [[ -n ${NVMF_CPU_SOFTIRQS:-} ]]; then
+        # "{ common_pid: 1234, vec: 6 } hitcount: 56" -> "56 1234 COMM 6"
+        sed -n 's/^{ common_pid: *\([0-9]*\), vec: *\([0-9]*\) *} hitcount: *\([0-9]*\).*/\3 \1 \2/p' \
+            "$TRACING/events/irq/softirq_entry/hist" |
+            while read -r runs tid vec; do
+                echo "$runs $tid $(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null || echo gone) $vec"
+            done >"$LAB_OUT/$1.softirqs"
+        echo "!$SOFTIRQ_HIST" >"$TRACING/events/irq/softirq_entry/trigger"
     fi
     for f in "${traced[@]}"; do
         {
