@@ -102,27 +102,25 @@ ftrace_start() {
             >"$TRACING/events/lab/$f/trigger"
     done
 }
+# per_thread_dump EVENT KEY HIST OUT: an event's per-thread histogram taken since
+# ftrace_start, as "count tid comm KEY" lines in OUT ("{ common_pid: 1234, KEY: 1 } hitcount: 56"
+# -> "56 1234 COMM 1"), and the histogram removed.
+per_thread_dump() {
+    local event=$1 key=$2 hist=$3 out=$4 count tid value
+    sed -n "s/^{ common_pid: *\([0-9]*\), $key: *\([0-9]*\) *} hitcount: *\([0-9]*\).*/\3 \1 \2/p" \
+        "$TRACING/events/$event/hist" |
+        while read -r count tid value; do
+            echo "$count $tid $(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null || echo gone) $value"
+        done >"$out"
+    echo "!$hist" >"$TRACING/events/$event/trigger"
+}
 # ftrace_stop NAME: the calls counted since ftrace_start, with their stacks.
 ftrace_stop() {
     local f
-    if [[ -n ${NVMF_CPU_SYSCALLS:-} ]]; then
-        # "{ common_pid: 1234, id: 1 } hitcount: 56" -> "56 1234 COMM 1"
-        sed -n 's/^{ common_pid: *\([0-9]*\), id: *\([0-9]*\) *} hitcount: *\([0-9]*\).*/\3 \1 \2/p' \
-            "$TRACING/events/raw_syscalls/sys_enter/hist" |
-            while read -r calls tid nr; do
-                echo "$calls $tid $(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null || echo gone) $nr"
-            done >"$LAB_OUT/$1.syscalls"
-        echo "!$SYSCALL_HIST" >"$TRACING/events/raw_syscalls/sys_enter/trigger"
-    fi
-    if [[ -n ${NVMF_CPU_SOFTIRQS:-} ]]; then
-        # "{ common_pid: 1234, vec: 6 } hitcount: 56" -> "56 1234 COMM 6"
-        sed -n 's/^{ common_pid: *\([0-9]*\), vec: *\([0-9]*\) *} hitcount: *\([0-9]*\).*/\3 \1 \2/p' \
-            "$TRACING/events/irq/softirq_entry/hist" |
-            while read -r runs tid vec; do
-                echo "$runs $tid $(tr ' ' _ <"/proc/$tid/comm" 2>/dev/null || echo gone) $vec"
-            done >"$LAB_OUT/$1.softirqs"
-        echo "!$SOFTIRQ_HIST" >"$TRACING/events/irq/softirq_entry/trigger"
-    fi
+    [[ -z ${NVMF_CPU_SYSCALLS:-} ]] ||
+        per_thread_dump raw_syscalls/sys_enter id "$SYSCALL_HIST" "$LAB_OUT/$1.syscalls"
+    [[ -z ${NVMF_CPU_SOFTIRQS:-} ]] ||
+        per_thread_dump irq/softirq_entry vec "$SOFTIRQ_HIST" "$LAB_OUT/$1.softirqs"
     for f in "${traced[@]}"; do
         {
             echo "=== $f"
