@@ -25,17 +25,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use nvmf_common::buffer::{BufferPool, IoBuf};
+use nvmf_common::buffer::BufferPool;
 use nvmf_common::reactor::{check_cores, parse_core_mask};
-use nvmf_common::spec::command::RW_FUA;
-use nvmf_common::spec::Command;
 use nvmf_initiator::path::{apply_ana_log, refresh_ana, refresh_requested};
 use nvmf_initiator::{
-    attach_plan, discover, multipath, Controller, ControllerEvent, ControllerOptions, DataDir,
-    Histogram, IoCompletion, IoQpair, IoStatus, MultipathQpair, MultipathStats, NamespaceInfo,
-    NamespacePath, PathHandle, QpairState, QpairStats, Reconnect, SubmitError, Timers, TransportId,
+    attach_plan, discover, multipath, Controller, ControllerEvent, ControllerOptions, IoQpair,
+    MultipathQpair, MultipathStats, NamespaceInfo, NamespacePath, PathHandle, QpairStats,
+    Reconnect, Timers, TransportId,
 };
-use zerocopy::byteorder::little_endian::U32;
 
 mod args;
 mod report;

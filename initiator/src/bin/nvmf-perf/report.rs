@@ -2,7 +2,12 @@
 //! latency (spdk_nvme_perf's table and its `-L`/`-LL` latency summaries and histograms, or
 //! JSON), the multipath state of each namespace, and `--transport-stats`.
 
-use super::*;
+use std::time::Duration;
+
+use nvmf_initiator::{Histogram, MultipathStats, QpairStats};
+
+use crate::args::{Args, MultipathMode};
+use crate::worker::{NsCtx, Stats};
 
 /// `--transport-stats`: each I/O qpair's counters (on stdout; on stderr with `--json`).
 pub(crate) fn print_transport_stats(args: &Args, stats: &[(String, u16, QpairStats)]) {
@@ -308,6 +313,7 @@ fn multipath_text(c: &NsCtx) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nvmf_initiator::NamespaceInfo;
 
     #[test]
     fn multipath_report_lists_paths_and_failovers() {

@@ -2,7 +2,21 @@
 //! associations. A context (`NsCtx`) is one association (namespace, worker, `-P` qpairs
 //! sharing `-q`), with its access pattern, buffers, statistics and multipath state.
 
-use super::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use nvmf_common::buffer::IoBuf;
+use nvmf_common::spec::command::RW_FUA;
+use nvmf_common::spec::Command;
+use nvmf_initiator::{
+    DataDir, Histogram, IoCompletion, IoQpair, IoStatus, MultipathQpair, MultipathStats,
+    NamespaceInfo, QpairState, SubmitError,
+};
+use zerocopy::byteorder::little_endian::U32;
+
+use crate::zipf::Zipf;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Pattern {

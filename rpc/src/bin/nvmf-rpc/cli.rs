@@ -1,9 +1,12 @@
 //! The command line: rpc.py's global options and one subcommand per method, with rpc.py's
 //! flags.
 
-use super::*;
+use clap::{Args, Parser, Subcommand};
 
-pub(crate) const EXAMPLES: &str = "\
+use crate::admin;
+use nvmf_rpc::DEFAULT_SOCKET_PATH;
+
+const EXAMPLES: &str = "\
 Examples:
   nvmf-rpc bdev_malloc_create -b Malloc0 64 4096        # 64 MiB RAM disk, 4 KiB blocks
   nvmf-rpc nvmf_create_transport -t RDMA

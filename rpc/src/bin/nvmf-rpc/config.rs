@@ -1,7 +1,8 @@
 //! `save_config` and `load_config`, as rpc.py runs them, over a session that prints each
 //! request and response with `-v`.
 
-use super::*;
+use nvmf_rpc::client::{Client, ClientError};
+use serde_json::{json, Value};
 
 pub(crate) struct Session {
     pub(crate) client: Client,

@@ -8,7 +8,7 @@ use std::io::Read;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
 use nvmf_rpc::client::{Client, ClientError, Endpoint};
 use nvmf_rpc::DEFAULT_SOCKET_PATH;
 use serde_json::{json, Map, Value};
@@ -62,7 +62,7 @@ mod admin;
 mod cli;
 mod config;
 
-use cli::*;
+use cli::{Cli, Cmd, Listener};
 use config::{load_config, save_config, Session};
 
 /// `discovery` is rpc.py's shortcut for the discovery NQN.
