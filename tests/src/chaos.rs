@@ -1,9 +1,9 @@
 //! The randomized driver of the RDMA transport over the simulated fabric: a schedule of
 //! connects of random depth, valid and garbage capsules, hosts that stop receiving, disconnect
 //! or vanish, hosts whose ACKs come late while they keep their queue full (commands then wait
-//! for request slots: about 2 seeds in 5 make some), and time jumps past every timeout, with the target's invariants checked after
-//! every step. A schedule comes from a seed ([`run_seed`]) or from fuzzer bytes
-//! ([`run_bytes`]); the same input replays exactly.
+//! for request slots: about 2 seeds in 5 make some), and time jumps past every timeout, with
+//! the target's invariants checked after every step. A schedule comes from a seed
+//! ([`run_seed`]) or from fuzzer bytes ([`run_bytes`]); the same input replays exactly.
 //!
 //! Invariants:
 //! - nothing panics (a panic fails the test or the fuzz run);
@@ -97,6 +97,28 @@ struct Tracked {
     outstanding: HashMap<u16, u32>,
     next_cid: u16,
     closed: bool,
+}
+
+impl Tracked {
+    fn in_flight(&self) -> u32 {
+        self.outstanding.values().sum()
+    }
+
+    /// The next command identifier, below the Connect's (0x7000).
+    fn take_cid(&mut self) -> u16 {
+        let cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1).max(1) % 0x7000;
+        cid
+    }
+
+    /// Sends `cmd` if the host's send queue has room (a real host waits for its earlier
+    /// sends), and tracks it as outstanding.
+    fn try_submit(&mut self, cmd: Command, data: Data) {
+        let cid = cmd.cid.get();
+        if self.q.try_submit(cmd, data) {
+            *self.outstanding.entry(cid).or_default() += 1;
+        }
+    }
 }
 
 struct Driver {
@@ -231,13 +253,11 @@ impl Driver {
     fn command(&mut self, c: &mut impl Choices) {
         let Some(i) = self.open_queue(c) else { return };
         let t = &mut self.queues[i];
-        let inflight: u32 = t.outstanding.values().sum();
         // A well-behaved host never exceeds its depth; a hostile one sometimes does.
-        if inflight + 1 >= u32::from(t.q.depth) && c.below(8) != 0 {
+        if t.in_flight() + 1 >= u32::from(t.q.depth) && c.below(8) != 0 {
             return;
         }
-        let cid = t.next_cid;
-        t.next_cid = t.next_cid.wrapping_add(1).max(1) % 0x7000;
+        let cid = t.take_cid();
         let blocks = [1u32, 8, 32, 64, 256][c.below(5)];
         let slba = c.below(4096) as u64;
         let len = blocks * 512;
@@ -270,10 +290,7 @@ impl Driver {
                 len: sgl_len.min(DATA_LEN as u32),
             },
         };
-        // A full send queue: this host must wait for its earlier sends, as a real one does.
-        if t.q.try_submit(cmd, data) {
-            *t.outstanding.entry(cid).or_default() += 1;
-        }
+        t.try_submit(cmd, data);
     }
 
     fn garbage(&mut self, c: &mut impl Choices) {
@@ -327,13 +344,9 @@ impl Driver {
             if t.closed {
                 return;
             }
-            let inflight: u32 = t.outstanding.values().sum();
-            if inflight < u32::from(t.q.depth) {
-                let cid = t.next_cid;
-                t.next_cid = t.next_cid.wrapping_add(1).max(1) % 0x7000;
-                if t.q.try_submit(Command::flush(cid, 1), Data::None) {
-                    *t.outstanding.entry(cid).or_default() += 1;
-                }
+            if t.in_flight() < u32::from(t.q.depth) {
+                let cid = t.take_cid();
+                t.try_submit(Command::flush(cid, 1), Data::None);
             }
             self.lab.turn();
             self.collect();
