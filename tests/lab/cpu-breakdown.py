@@ -1,10 +1,11 @@
 """Summarizes the cpu-breakdown scenario: per run, IOPS and, per I/O, the whole VM's CPU split
-into user, system, softirq and irq time, its context switches, interrupts, softirqs by kind and
-soft-RoCE's hardware counters,
-and (for our target) its threads' CPU time, context switches and read/write syscalls, and
-the requests per send doorbell, polls and idle polls its nvmf_get_stats counted and the busy
-time thread_get_stats reports (busy: turns that did work and the first idle turns of a spin,
-before the reactor looks at the clock; the rest of a spin is idle).
+into user, system, softirq and irq time, its context switches and interrupts; busy and softirq
+time by vCPU; every thread's CPU (and fio's, from its own report); softirqs by kind;
+soft-RoCE's hardware counters; and for our target its threads' CPU time, context switches and
+read/write syscalls, and the requests per send doorbell, polls and idle polls its
+nvmf_get_stats counted and the busy time thread_get_stats reports (busy: turns that did work
+and the first idle turns of a spin, before the reactor looks at the clock; the rest of a spin
+is idle).
 
 Usage: cpu-breakdown.py OUT_DIR RUN_NAME...
 """

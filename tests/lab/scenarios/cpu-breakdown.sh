@@ -3,12 +3,13 @@
 # in one boot. The same fio job runs against each target (null backends, both on rxe0); around
 # each run the scenario takes the exact counters the kernel keeps: whole-VM CPU split into
 # user, system, softirq (where rxe runs) and irq, context switches and interrupts (/proc/stat),
-# softirqs by kind (/proc/softirqs), soft-RoCE's hardware counters (packets, retries, RNR NAKs),
-# and for our target its threads' user and system time,
-# voluntary and involuntary context switches and read/write syscalls (/proc/PID). The report
-# gives each per I/O, so the difference between the targets shows where it is spent (our
-# reactor, wake-ups, rxe, the host) rather than only how large it is. (perf's cpu-clock
-# sampling is biased under TCG, which has no PMU: samples land after halts.)
+# busy and softirq time by vCPU, softirqs by kind (/proc/softirqs), soft-RoCE's hardware
+# counters (packets, retries, RNR NAKs), every thread's user and system time (/proc/*/task), and
+# for our target its threads' voluntary and involuntary context switches and read/write
+# syscalls (/proc/PID). The report gives each per I/O, so the difference between the targets
+# shows where it is spent (our reactor, wake-ups, rxe, the host) rather than only how large it
+# is. (perf's cpu-clock sampling is biased under TCG, which has no PMU: samples land after
+# halts.)
 #
 # Usage: tests/lab/run cpu-breakdown [RUNTIME_SECONDS [FIO_ARGS...]]
 #        (default 8 s of 4 KiB random reads at queue depth 32)
