@@ -1,0 +1,132 @@
+//! Namespaces through a controller: Identify Namespace, the active namespace list, and
+//! what multipath needs (the ANA log and state, and the identifiers that name a namespace
+//! across controllers).
+
+use std::time::Duration;
+
+use nvmf_common::rdma::Verbs;
+use nvmf_common::spec::identify::CMIC_ANA;
+use nvmf_common::spec::{Cns, Command, IdentifyNamespace, LogPageId};
+use zerocopy::FromBytes;
+
+use crate::error::{Error, Result};
+use crate::multipath::{AnaLog, AnaState, NamespaceIds, ANA_GROUP_DESC_LEN, ANA_LOG_HEADER_LEN};
+
+use super::Controller;
+
+/// Namespace facts an I/O application needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    pub nsid: u32,
+    pub block_size: u32,
+    pub blocks: u64,
+}
+
+impl<V: Verbs> Controller<V> {
+    pub fn identify_namespace(&mut self, nsid: u32) -> Result<Box<IdentifyNamespace>> {
+        let (_, raw) = self.admin_read(
+            Command::identify(0, Cns::NAMESPACE, nsid, 0),
+            4096,
+            "Identify Namespace",
+        )?;
+        Ok(Box::new(
+            IdentifyNamespace::read_from_bytes(&raw).expect("4096 bytes"),
+        ))
+    }
+
+    /// Active namespace IDs (Identify CNS 02h, all pages).
+    pub fn active_namespaces(&mut self) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let mut after = 0u32;
+        loop {
+            let (_, raw) = self.admin_read(
+                Command::identify(0, Cns::ACTIVE_NAMESPACE_LIST, after, 0),
+                4096,
+                "Identify Active Namespace List",
+            )?;
+            let page: Vec<u32> = raw
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .take_while(|&id| id != 0)
+                .collect();
+            let full = page.len() == 1024;
+            after = page.last().copied().unwrap_or(0);
+            ids.extend(page);
+            if !full {
+                return Ok(ids);
+            }
+        }
+    }
+
+    /// Block size and capacity of a namespace (None if it is not active).
+    pub fn namespace(&mut self, nsid: u32) -> Result<Option<NamespaceInfo>> {
+        let ns = self.identify_namespace(nsid)?;
+        if ns.nsze.get() == 0 {
+            return Ok(None);
+        }
+        Ok(Some(NamespaceInfo {
+            nsid,
+            block_size: ns.current_lbaf().block_size() as u32,
+            blocks: ns.nsze.get(),
+        }))
+    }
+
+    /// Whether the controller reports Asymmetric Namespace Access (Identify CMIC bit 3).
+    pub fn reports_ana(&self) -> bool {
+        self.info.identify.cmic & CMIC_ANA != 0
+    }
+
+    /// ANA Transition Time (Identify ANATT, seconds): the longest a namespace stays in the
+    /// Change state; 10 s when the controller reports 0.
+    pub fn ana_transition_time(&self) -> Duration {
+        match self.info.identify.anatt {
+            0 => Duration::from_secs(10),
+            s => Duration::from_secs(u64::from(s)),
+        }
+    }
+
+    /// Reads the Asymmetric Namespace Access log page (LID 0Ch) with its NSID lists, sized
+    /// as the Linux host sizes it: the header, NANAGRPID group descriptors and one NSID per
+    /// possible namespace (Identify NN).
+    pub fn ana_log(&mut self) -> Result<AnaLog> {
+        let id = &self.info.identify;
+        let groups = id.nanagrpid.get().max(1) as usize;
+        let nsids = id.nn.get().clamp(1, 64 * 1024) as usize;
+        let len = (ANA_LOG_HEADER_LEN + groups * ANA_GROUP_DESC_LEN + nsids * 4).min(1 << 20);
+        let raw = self.get_log_page(0, LogPageId::ASYMMETRIC_NAMESPACE_ACCESS, len)?;
+        AnaLog::parse(&raw).map_err(|e| Error::Invalid(e.to_string()))
+    }
+
+    /// The ANA state of namespace `nsid` (with its ANAGRPID) through this controller:
+    /// Optimized when the controller does not report ANA.
+    pub fn ana_state(&mut self, nsid: u32, anagrpid: u32) -> Result<AnaState> {
+        if !self.reports_ana() {
+            return Ok(AnaState::Optimized);
+        }
+        let log = self.ana_log()?;
+        log.state_of(nsid, anagrpid).ok_or_else(|| {
+            Error::Invalid(format!(
+                "namespace {nsid} (ANA group {anagrpid}) is in no group of the ANA log"
+            ))
+        })
+    }
+
+    /// What identifies namespace `nsid` across controllers (Identify Namespace NGUID and
+    /// EUI64, completed by the Namespace Identification Descriptor list where the controller
+    /// has one) and its ANAGRPID.
+    pub fn namespace_ids(&mut self, nsid: u32) -> Result<(NamespaceIds, u32)> {
+        let ns = self.identify_namespace(nsid)?;
+        let mut ids = NamespaceIds::from_identify(ns.nguid, ns.eui64);
+        match self.admin_read(
+            Command::identify(0, Cns::NAMESPACE_ID_DESCRIPTOR_LIST, nsid, 0),
+            4096,
+            "Identify Namespace Identification Descriptor list",
+        ) {
+            Ok((_, raw)) => ids.merge_descriptors(&raw),
+            // Before NVMe 1.3 there is no such list: Identify Namespace's fields stand.
+            Err(Error::Command { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        Ok((ids, ns.anagrpid.get()))
+    }
+}
