@@ -314,6 +314,14 @@ impl SimLab {
         assert_eq!(r.requests_deferred, 0, "deferred requests leaked: {r:?}");
         assert_eq!(r.buffers_out, 0, "data buffers leaked: {r:?}");
         assert_eq!(r.recv_slots_held, 0, "SRQ slots leaked: {r:?}");
+        // With its queues gone, no controller is left in a subsystem, and no queue pair in
+        // the target-wide connection count (that count refuses Connects when full).
+        for sub in self.target.subsystems() {
+            let left: Vec<u16> = sub.shared.controllers().iter().map(|c| c.cntlid).collect();
+            assert!(left.is_empty(), "controllers left in {}: {left:?}", sub.nqn);
+        }
+        let (connected, _) = self.target.info.qpair_limits.connected(HOSTNQN);
+        assert_eq!(connected, 0, "queue pairs still counted as connected");
     }
 }
 

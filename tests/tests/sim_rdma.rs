@@ -7,10 +7,12 @@ use std::time::Duration;
 use nvmf_common::rdma::sim::{SimAsyncEvent, SimAsyncEventKind, DEFAULT_MAX_INLINE_DATA};
 use nvmf_common::reactor::Sleeper;
 use nvmf_common::spec::command::Command;
+use nvmf_common::spec::fabrics::{ConnectCommand, ConnectData, CNTLID_DYNAMIC};
 use nvmf_common::spec::rdma_cm::RdmaCmRejectStatus;
 use nvmf_common::spec::Status;
 use nvmf_target::core::{IDLE_SLEEP_MAX_MS, TICK_MS};
 use nvmf_tests::sim::*;
+use zerocopy::IntoBytes;
 
 const BLOCK: usize = 512;
 
@@ -80,6 +82,44 @@ fn a_connect_with_bad_private_data_is_rejected_with_its_status() {
         }
         other => panic!("expected a reject, got {:?}", other.map(|_| ())),
     }
+    lab.assert_drained();
+}
+
+/// Two Connects pipelined on one new queue, their Connect data both fetched by RDMA READ:
+/// both pass the target's first look before either runs. One controller comes of them; the
+/// other Connect fails with Command Sequence Error. When the queue goes, neither leaves a
+/// controller or a counted connection behind (enough of those once locked every host out).
+#[test]
+fn pipelined_connects_on_one_queue_make_one_controller() {
+    let mut lab = SimLab::new(21);
+    let host = lab.fabric.add_host(host_ip(1));
+    let mut q = HostQueue::connect(&mut lab, &host, 0, 32).expect("admin queue accepted");
+    let data = ConnectData::new([0x11; 16], CNTLID_DYNAMIC, SUBNQN, HOSTNQN);
+    let len = data.as_bytes().len();
+    q.data.write_at(0, data.as_bytes());
+    q.data.write_at(len, data.as_bytes());
+    let connect = |cid| ConnectCommand::new(cid, 0, 31, 30_000).to_command();
+    q.submit(connect(1), keyed(0, len as u32));
+    q.submit(connect(2), keyed(len, len as u32));
+    let mut done = Vec::new();
+    lab.until(20_000, |_| {
+        done.extend(q.poll());
+        done.len() >= 2
+    });
+    done.sort_by_key(|c| c.status().is_success());
+    let [lost, won] = [done[0], done[1]];
+    assert!(won.status().is_success(), "{won:?}");
+    assert_eq!(
+        lost.status(),
+        Status::COMMAND_SEQUENCE_ERROR.with_dnr(),
+        "{lost:?}"
+    );
+    let controllers = lab.target.subsystem(SUBNQN).unwrap().shared.controllers();
+    assert_eq!(controllers.len(), 1, "one queue, one controller");
+    assert_eq!(controllers[0].cntlid, won.dw0.get() as u16);
+    assert_eq!(lab.target.info.qpair_limits.connected(HOSTNQN), (1, 1));
+
+    q.disconnect();
     lab.assert_drained();
 }
 

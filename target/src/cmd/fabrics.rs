@@ -91,6 +91,12 @@ fn invalid_param(req: &mut Request, in_data: bool, offset: u16) -> Exec {
 }
 
 fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
+    // `prepare` checked this too, but a host may pipeline two Connects whose data both come
+    // by RDMA READ: both pass `prepare` before either runs. The second one must not make a
+    // controller the queue then forgets (never destroyed, its connection slot never freed).
+    if q.is_connected() || q.admitted {
+        return req.fail(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
+    }
     let cmd = *ConnectCommand::from_command(&req.cmd);
     let Ok((data, _)) = ConnectData::read_from_prefix(req.data()) else {
         return req.fail(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
