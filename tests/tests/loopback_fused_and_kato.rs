@@ -3,8 +3,10 @@
 //! follows the transport's `kas`/`min_kato` as SPDK's does.
 
 use nvmf_common::spec::command::Command;
+use nvmf_common::spec::fabrics::PropertySetCommand;
 use nvmf_common::spec::features::{FeatureId, FeatureSelect};
 use nvmf_common::spec::nqn::DISCOVERY_NQN;
+use nvmf_common::spec::registers::{Cc, Property};
 use nvmf_common::spec::Status;
 use nvmf_target::cmd::fabrics::DISCOVERY_DEFAULT_KATO_MS;
 use nvmf_target::transport::TransportLimits;
@@ -138,4 +140,119 @@ fn loopback_limits_report_their_kas() {
     let ctrl = linux_bring_up(&mut lab, NQN, 1);
     assert_eq!(ctrl.identify.kas.get(), LOOPBACK_LIMITS.kas);
     assert_eq!(granted_kato(&mut lab, NQN, 150), 200);
+}
+
+fn set_kato(lab: &mut LoopbackLab, ctrl: &mut HostController, kato_ms: u32) {
+    let cid = ctrl.cid();
+    let set = Command::set_features(cid, FeatureId::KEEP_ALIVE_TIMER, kato_ms, false);
+    expect_ok(&ctrl.admin(lab, no_data(set)));
+}
+
+/// An admin queue connected with `kato_ms` and enabled (CC.EN), as a host brings one up.
+fn enabled_admin(lab: &mut LoopbackLab, kato_ms: u32) -> LoopbackHostQueue {
+    let admin = lab.open_queue();
+    let r = lab.run(
+        &admin,
+        connect_capsule(1, 0, 31, kato_ms, 0xFFFF, NQN, HOSTNQN),
+    );
+    expect_ok(&r);
+    let cc = Cc(0).with_iosqes(6).with_iocqes(4).with_en(true);
+    let set = PropertySetCommand::new(2, Property::CC.0, u64::from(cc.0), false);
+    expect_ok(&lab.run(&admin, no_data(set.to_command())));
+    admin
+}
+
+/// Polls the target for up to `for_ms` of real time; true if `admin` was disconnected.
+fn disconnected_within(lab: &mut LoopbackLab, admin: &LoopbackHostQueue, for_ms: u64) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(for_ms);
+    while !admin.is_disconnected() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        lab.pg.poll();
+    }
+    admin.is_disconnected()
+}
+
+/// A host that lowers its KATO on every Set Features (each one an earlier deadline), or that
+/// connects controllers with KATOs of weeks and drops them, leaves the reactor a bounded
+/// keep-alive heap: superseded entries go once they outnumber the live ones, not weeks later.
+#[test]
+fn keep_alive_timers_stay_bounded_under_kato_floods() {
+    let mut lab = LoopbackLab::default();
+    lab.malloc("Malloc0", 64, 512);
+    lab.subsystem(NQN, &["Malloc0"]);
+    let mut ctrl = linux_bring_up(&mut lab, NQN, 1);
+    let week_ms = 7 * 24 * 3600 * 1000;
+    // Limit: twice the live controllers plus the slack, plus the entry just pushed.
+    let bound = |live: usize| 2 * live + 64 + 1;
+    for i in 0..2_000 {
+        set_kato(&mut lab, &mut ctrl, week_ms - i * 1000);
+    }
+    let heap = lab.pg.core.keep_alive_timer_count();
+    assert!(
+        heap <= bound(1),
+        "{heap} keep-alive entries for one controller"
+    );
+
+    let queues: Vec<_> = (0..200)
+        .map(|_| {
+            let admin = lab.open_queue();
+            let r = lab.run(
+                &admin,
+                connect_capsule(1, 0, 31, week_ms, 0xFFFF, NQN, HOSTNQN),
+            );
+            expect_ok(&r);
+            admin
+        })
+        .collect();
+    drop(queues);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while lab.pg.qpair_count() > 2 && std::time::Instant::now() < deadline {
+        lab.pg.poll();
+    }
+    assert_eq!(
+        lab.pg.qpair_count(),
+        2,
+        "the dropped admin queues were reaped"
+    );
+    // The next arming finds the dead controllers' entries and drops them.
+    let _next = granted_kato(&mut lab, NQN, week_ms);
+    let heap = lab.pg.core.keep_alive_timer_count();
+    assert!(
+        heap <= bound(2),
+        "{heap} keep-alive entries for two controllers"
+    );
+    // The controller that flooded is still served, at the KATO it set last.
+    assert_eq!(read_block(&mut lab, &mut ctrl).len(), 512);
+}
+
+/// A Set Features that lowers KATO brings the deadline forward: the controller fails at the
+/// new KATO, not at the hour it connected with.
+#[test]
+fn a_lowered_kato_fails_a_silent_controller_at_the_new_deadline() {
+    let mut lab = LoopbackLab::default();
+    lab.malloc("Malloc0", 64, 512);
+    lab.subsystem(NQN, &["Malloc0"]);
+    let admin = enabled_admin(&mut lab, 3_600_000);
+    let set = Command::set_features(3, FeatureId::KEEP_ALIVE_TIMER, 100, false);
+    expect_ok(&lab.run(&admin, no_data(set)));
+    assert!(
+        disconnected_within(&mut lab, &admin, 5_000),
+        "a silent controller outlived its 100 ms KATO"
+    );
+}
+
+/// A Set Features that raises KATO moves the deadline back: the controller outlives the
+/// KATO it connected with.
+#[test]
+fn a_raised_kato_keeps_a_silent_controller_past_the_old_deadline() {
+    let mut lab = LoopbackLab::default();
+    lab.malloc("Malloc0", 64, 512);
+    lab.subsystem(NQN, &["Malloc0"]);
+    let admin = enabled_admin(&mut lab, 100);
+    let set = Command::set_features(3, FeatureId::KEEP_ALIVE_TIMER, 3_600_000, false);
+    expect_ok(&lab.run(&admin, no_data(set)));
+    assert!(
+        !disconnected_within(&mut lab, &admin, 600),
+        "the controller failed at the KATO it connected with"
+    );
 }

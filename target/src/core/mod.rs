@@ -117,6 +117,11 @@ pub(crate) struct GroupSubsystem {
     pub namespaces: FxHashMap<u32, NsSlot>,
 }
 
+/// Superseded keep-alive heap entries a reactor tolerates beyond one per controller before
+/// it drops them all (a few, so that a burst of Set Features does not rebuild the heap each
+/// time).
+const KEEP_ALIVE_HEAP_SLACK: usize = 64;
+
 /// A core on its own reads the system clock after every turn that found work; on idle turns,
 /// once per this many turns. Where the clock is not served from user space (the lab's TCG
 /// guests run on HPET, where each read is a syscall and an emulated device access) a read per
@@ -244,17 +249,38 @@ impl CoreCtx {
 
     /// Starts (or restarts, after Set Features changed KATO) a controller's keep-alive timer:
     /// one entry in a deadline heap, looked at when due. A host's keep-alives only move the
-    /// deadline the entry finds when it comes up; an entry superseded by a later arming is
-    /// dropped when it does.
+    /// deadline the entry finds when it comes up, and so does a longer KATO: a new entry is
+    /// pushed only when no live one comes up by the new deadline. An entry superseded by an
+    /// earlier one is dropped when it comes up, or sooner when superseded entries pile up.
     pub(crate) fn arm_keep_alive(&mut self, key: (SubsystemId, u16)) {
         let Some(local) = self.controllers.get_mut(&key) else {
             return;
         };
-        let due = local.shared.keep_alive_deadline_ms().unwrap_or(0);
-        local.keep_alive_due = due;
-        if due != 0 {
-            self.keep_alive_timers.push(Reverse((due, key)));
+        // KATO 0: the live entry, if any, finds no deadline when it comes up and goes then.
+        let Some(due) = local.shared.keep_alive_deadline_ms() else {
+            return;
+        };
+        if local.keep_alive_due != 0 && local.keep_alive_due <= due {
+            return;
         }
+        local.keep_alive_due = due;
+        self.keep_alive_timers.push(Reverse((due, key)));
+        // A host lowering its KATO again and again, or connecting and disconnecting
+        // controllers with KATOs of weeks, must not grow the heap with entries that come up
+        // only then: past twice the live ones, the superseded ones go now.
+        if self.keep_alive_timers.len() > 2 * self.controllers.len() + KEEP_ALIVE_HEAP_SLACK {
+            let controllers = &self.controllers;
+            self.keep_alive_timers.retain(|Reverse((due, key))| {
+                controllers
+                    .get(key)
+                    .is_some_and(|local| local.keep_alive_due == *due)
+            });
+        }
+    }
+
+    /// Entries in the keep-alive deadline heap, superseded ones included (tests bound it).
+    pub fn keep_alive_timer_count(&self) -> usize {
+        self.keep_alive_timers.len()
     }
 
     /// True on a tick when some controller (of any reactor) failed since the previous tick:
