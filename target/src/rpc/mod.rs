@@ -35,6 +35,15 @@ pub mod nvmf_referrals;
 pub mod spdk_settings;
 pub mod stats;
 
+// The rest of the nvmf_* methods, one module per concern; `nvmf` re-exports their public
+// items, so their paths stay `rpc::nvmf::*`.
+mod nvmf_config;
+mod nvmf_hosts;
+mod nvmf_listeners;
+mod nvmf_namespaces;
+mod nvmf_subsystems;
+mod nvmf_transports;
+
 pub use config_loader::{load_config, load_config_with, LoadOptions, LoadReport};
 
 #[cfg(test)]
