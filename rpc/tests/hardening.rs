@@ -252,6 +252,52 @@ fn idle_clients_are_closed() {
     assert!(waited < Duration::from_secs(3), "{waited:?}");
 }
 
+/// A client that pipelines requests and never reads a reply: once the socket's buffers are
+/// full the server cannot write, and after the idle timeout it closes the connection, so the
+/// client's slot comes back (here the only one).
+#[test]
+fn clients_that_take_no_replies_are_closed() {
+    let path = socket_path("noread");
+    let opts = ServerOptions {
+        idle_timeout: Duration::from_millis(300),
+        max_connections: 1,
+        ..Default::default()
+    };
+    let _h = serve(&path, opts).unwrap();
+    let mut flooder = unix(&path);
+    flooder
+        .set_write_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // Echoed 32 KiB parameters fill the reply direction's buffers within a few requests.
+    let big = "x".repeat(32 << 10);
+    let writer = std::thread::spawn(move || {
+        for i in 0..1_000 {
+            let req = json!({"jsonrpc": "2.0", "method": "echo", "params": [&big], "id": i});
+            if flooder.write_all(req.to_string().as_bytes()).is_err() {
+                return i;
+            }
+        }
+        1_000
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut next = unix(&path);
+        next.write_all(br#"{"jsonrpc":"2.0","method":"echo","id":7}"#)
+            .unwrap();
+        let r = read_reply(&mut next);
+        if r["id"] == 7 && r.get("result").is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slot was never freed: {r}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sent = writer.join().unwrap();
+    assert!(
+        sent < 1_000,
+        "the server read all {sent} requests without answering"
+    );
+}
+
 #[test]
 fn connection_count_is_bounded() {
     let path = socket_path("count");

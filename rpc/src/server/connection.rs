@@ -4,6 +4,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 
 use jsonrpsee::RpcModule;
 use serde_json::Value;
@@ -55,7 +56,7 @@ pub(super) async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                         RpcError::PARSE_ERROR,
                         &format!("Parse error: {e}"),
                     );
-                    let _ = write_reply(&mut stream, &reply).await;
+                    let _ = write_reply(&mut stream, &reply, opts.idle_timeout).await;
                     return;
                 }
                 Next::Value(value, consumed) => {
@@ -65,12 +66,15 @@ pub(super) async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                         if let Err(reply) = authorize(token, &value) {
                             // No second guess on the same connection: a client that
                             // guesses must pay a connection per try.
-                            let _ = write_reply(&mut stream, &reply).await;
+                            let _ = write_reply(&mut stream, &reply, opts.idle_timeout).await;
                             return;
                         }
                     }
                     if let Some(reply) = handle_value(&module, value).await {
-                        if write_reply(&mut stream, &reply).await.is_err() {
+                        if write_reply(&mut stream, &reply, opts.idle_timeout)
+                            .await
+                            .is_err()
+                        {
                             return;
                         }
                     }
@@ -80,7 +84,7 @@ pub(super) async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
         if buf.len() > opts.max_request_bytes {
             let message = format!("request exceeds {} bytes", opts.max_request_bytes);
             let reply = error_response(Value::Null, RpcError::INVALID_REQUEST, &message);
-            let _ = write_reply(&mut stream, &reply).await;
+            let _ = write_reply(&mut stream, &reply, opts.idle_timeout).await;
             return;
         }
         let n = tokio::select! {
@@ -100,7 +104,7 @@ pub(super) async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                             RpcError::PARSE_ERROR,
                             "Parse error: the stream ended inside a JSON value",
                         );
-                        let _ = write_reply(&mut stream, &reply).await;
+                        let _ = write_reply(&mut stream, &reply, opts.idle_timeout).await;
                     }
                     return;
                 }
@@ -142,12 +146,25 @@ fn authorize(token: &AuthToken, value: &Value) -> Result<(), Value> {
     }
 }
 
+/// Writes one reply, or gives up after `limit`: a client that sends requests but takes no
+/// replies must not hold its connection slot (and a task) for ever once the socket's buffers
+/// fill.
 pub(super) async fn write_reply<S: AsyncWrite + Unpin>(
     stream: &mut S,
     reply: &Value,
+    limit: Duration,
 ) -> io::Result<()> {
     let mut bytes = serde_json::to_vec(reply).map_err(io::Error::other)?;
     bytes.push(b'\n');
-    stream.write_all(&bytes).await?;
-    stream.flush().await
+    let write = async {
+        stream.write_all(&bytes).await?;
+        stream.flush().await
+    };
+    match tokio::time::timeout(limit, write).await {
+        Ok(written) => written,
+        Err(_) => {
+            tracing::debug!("rpc client took no reply for {limit:?}: closed");
+            Err(io::ErrorKind::TimedOut.into())
+        }
+    }
 }

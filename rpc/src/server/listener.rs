@@ -153,8 +153,8 @@ impl Conn {
     async fn refuse(self, reply: Value) {
         let limit = Duration::from_secs(1);
         let _ = match self {
-            Conn::Unix(mut s) => tokio::time::timeout(limit, write_reply(&mut s, &reply)).await,
-            Conn::Tcp(mut s) => tokio::time::timeout(limit, write_reply(&mut s, &reply)).await,
+            Conn::Unix(mut s) => write_reply(&mut s, &reply, limit).await,
+            Conn::Tcp(mut s) => write_reply(&mut s, &reply, limit).await,
         };
     }
 

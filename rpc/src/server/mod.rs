@@ -14,7 +14,8 @@
 //!   `params` type): `-32600`, and the connection stays open.
 //! - A request larger than [`ServerOptions::max_request_bytes`] (4 MiB by default): `-32600`
 //!   naming the limit, then close; the buffer never grows past the limit plus one read.
-//! - A client silent for [`ServerOptions::idle_timeout`] (60 s) is closed; beyond
+//! - A client silent for [`ServerOptions::idle_timeout`] (60 s), or one that takes no reply
+//!   bytes for as long, is closed; beyond
 //!   [`ServerOptions::max_connections`] (64) a new client gets `-32002` and is closed.
 //!
 //! Access: the Unix socket is created 0600 (or 0660 for a group) by binding in a private

@@ -18,7 +18,8 @@ pub struct ServerOptions {
     /// answered an error and closed.
     pub max_connections: usize,
     /// A connection that sends nothing for this long while no request of its own is running
-    /// is closed (rpc.py opens one connection per invocation and waits 60 s for an answer).
+    /// is closed (rpc.py opens one connection per invocation and waits 60 s for an answer);
+    /// so is one that takes no bytes of a reply for this long.
     pub idle_timeout: Duration,
     /// Mode of the Unix socket file: 0600 (only our user), 0660 with [`Self::socket_group`].
     pub socket_mode: u32,
