@@ -476,3 +476,64 @@ fn referrals_are_discovery_log_entries_for_every_host() {
     assert_eq!(entries.len(), 2);
     assert_eq!(nul_str(&entries[1].subnqn), "nqn.2016-06.io.spdk:elsewhere");
 }
+
+/// A discovery controller that enables Discovery Log Page Change notices and sends no AERs
+/// queues one notice however often the log changes: the next is masked until the host reads
+/// the log (as nvmet does), so a host cannot grow the target's event queue without bound.
+#[test]
+fn discovery_change_notices_are_masked_until_the_log_is_read() {
+    let mut lab = lab();
+    let mut watcher = linux_bring_up_as(&mut lab, DISCOVERY_NQN, 0, HOST_B);
+    let cid = watcher.cid();
+    expect_ok(&watcher.admin(
+        &mut lab,
+        no_data(Command::set_features(
+            cid,
+            FeatureId::ASYNC_EVENT_CONFIGURATION,
+            AEC_DISCOVERY_LOG_CHANGE,
+            false,
+        )),
+    ));
+    let referral = Referral {
+        address: rdma("10.0.0.2", "8009"),
+        subnqn: DISCOVERY_NQN.into(),
+        secure_channel: false,
+    };
+    for _ in 0..100 {
+        assert!(lab.target.add_referral(referral.clone()).unwrap());
+        lab.target
+            .remove_referral(&referral.address, DISCOVERY_NQN)
+            .unwrap();
+    }
+    lab.pg.poll();
+    let first = submit_aer(&mut watcher);
+    let r = lab.try_wait(&watcher.admin, 200).expect("one notice");
+    assert_eq!(r.cqe.cid.get(), first);
+    let second = submit_aer(&mut watcher);
+    assert!(
+        lab.try_wait(&watcher.admin, 50).is_none(),
+        "200 changes queued more than one notice"
+    );
+    // Reading the log unmasks the event: the next change is heard.
+    let cid = watcher.cid();
+    expect_ok(&watcher.admin(
+        &mut lab,
+        reading(
+            Command::get_log_page(cid, 0, LogPageId::DISCOVERY, 1024, 0),
+            1024,
+        ),
+    ));
+    assert!(lab.target.add_referral(referral).unwrap());
+    let r = lab
+        .try_wait(&watcher.admin, 200)
+        .expect("a notice after the log was read");
+    assert_eq!(r.cqe.cid.get(), second);
+    assert_eq!(
+        parse_async_event_dw0(expect_ok(&r).dw0.get()),
+        (
+            AsyncEventType::NOTICE,
+            AsyncNotice::DISCOVERY_LOG_CHANGE.0,
+            LogPageId::DISCOVERY
+        )
+    );
+}

@@ -306,6 +306,11 @@ fn get_log_page(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
                 .as_ref()
                 .map(|c| c.hostnqn.clone())
                 .unwrap_or_default();
+            if !glp.rae {
+                if let Some(local) = core.controllers.get_mut(&key) {
+                    local.discovery_change_masked = false;
+                }
+            }
             discovery::log_page(core, &hostnqn, q.listener.as_ref())
         }
         LogPageId::ERROR_INFORMATION => {
@@ -695,9 +700,10 @@ pub(crate) fn raise_discovery_notice(core: &mut CoreCtx, key: Key) {
     let Some(local) = core.controllers.get_mut(&key) else {
         return;
     };
-    if local.async_event_config & AEC_DISCOVERY_LOG_CHANGE == 0 {
+    if local.async_event_config & AEC_DISCOVERY_LOG_CHANGE == 0 || local.discovery_change_masked {
         return;
     }
+    local.discovery_change_masked = true;
     local.pending_events.push_back(async_event_dw0(
         AsyncEventType::NOTICE,
         AsyncNotice::DISCOVERY_LOG_CHANGE.0,

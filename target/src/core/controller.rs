@@ -256,6 +256,10 @@ pub struct ControllerLocal {
     /// A Reservation Log Page Available event was sent and the log not read since (with RAE
     /// clear): no further one until it is.
     pub resv_aen_masked: bool,
+    /// A Discovery Log Page Change notice was sent and the discovery log not read since (with
+    /// RAE clear): no further one until it is (nvmet masks it the same way), so a host that
+    /// enables the event and sends no AERs queues one notice, not one per change.
+    pub discovery_change_masked: bool,
     /// The keep-alive deadline this controller's live timer entry carries (0: none); an entry
     /// with another deadline is stale (see `CoreCtx::arm_keep_alive`).
     pub keep_alive_due: u64,
@@ -277,6 +281,7 @@ impl ControllerLocal {
             ana_change_count: 0,
             ana_change_masked: false,
             resv_aen_masked: false,
+            discovery_change_masked: false,
             keep_alive_due: 0,
             error_log: VecDeque::with_capacity(ERROR_LOG_ENTRIES),
             error_count: 0,
