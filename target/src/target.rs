@@ -314,6 +314,17 @@ impl Target {
         }
         let user = format!("{nqn} nsid {nsid}");
         let bdev = self.bdevs.claim(&opts.bdev_name, &user)?;
+        // A bdev may have any multiple of 512 as its block size (as in SPDK), but a namespace
+        // states its LBA size as a power of two (Identify Namespace LBADS): any other would
+        // reach hosts as the wrong geometry.
+        if !bdev.block_size().is_power_of_two() {
+            self.bdevs.release(bdev.name());
+            return Err(TargetError::Invalid(format!(
+                "bdev {} has {}-byte blocks: a namespace's block size must be a power of two",
+                bdev.name(),
+                bdev.block_size()
+            )));
+        }
         let uuid = opts.uuid.unwrap_or_else(|| bdev.uuid());
         let resv = match NsReservation::new(bdev.uuid(), opts.ptpl_file) {
             Ok(r) => r,

@@ -873,6 +873,21 @@ fn namespaces_add_remove_and_refusals() {
         PARAMS,
         "namespace",
     );
+    // 1536-byte blocks make a bdev, as in SPDK, but not a namespace: Identify states the
+    // LBA size as a power of two, and hosts would read the wrong geometry.
+    ok(
+        &mut c,
+        "bdev_malloc_create",
+        json!({"name": "Odd", "num_blocks": 64, "block_size": 1536}),
+    );
+    refused(
+        &mut c,
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": NQN1, "namespace": {"bdev_name": "Odd"}}),
+        EINVAL,
+        "power of two",
+    );
+    ok(&mut c, "bdev_malloc_delete", json!({"name": "Odd"}));
     refused(
         &mut c,
         "nvmf_subsystem_add_ns",
