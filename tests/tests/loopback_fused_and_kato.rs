@@ -256,3 +256,19 @@ fn a_raised_kato_keeps_a_silent_controller_past_the_old_deadline() {
         "the controller failed at the KATO it connected with"
     );
 }
+
+/// Keep Alive to a controller that runs no keep-alive timer (KATO 0) is Keep Alive Timeout
+/// Invalid, as nvmet answers: a host that believes otherwise learns it at once.
+#[test]
+fn keep_alive_without_a_keep_alive_timer_is_refused() {
+    let mut lab = LoopbackLab::default();
+    lab.malloc("Malloc0", 64, 512);
+    lab.subsystem(NQN, &["Malloc0"]);
+    let admin = enabled_admin(&mut lab, 0);
+    let r = lab.run(&admin, no_data(Command::keep_alive(3)));
+    assert_eq!(r.cqe.status(), Status::KEEP_ALIVE_INVALID.with_dnr());
+    // With a timer set, the same command is accepted.
+    let set = Command::set_features(4, FeatureId::KEEP_ALIVE_TIMER, 60_000, false);
+    expect_ok(&lab.run(&admin, no_data(set)));
+    expect_ok(&lab.run(&admin, no_data(Command::keep_alive(5))));
+}
