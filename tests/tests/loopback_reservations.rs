@@ -994,3 +994,80 @@ fn persistence_feature_and_ptpl_across_a_restart() {
     lab2.target.add_namespace(NQN, ns).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A PTPL write that cannot finish (its temporary file is a FIFO nobody reads, so the
+/// writer's open blocks) holds only the reservation command that made it: the reactor goes
+/// on serving I/O, reports and the other hosts, and the change is not seen before it is
+/// written. When the write fails, that command answers Internal Error, the state stays the
+/// one last written, and the next change is written as usual.
+#[test]
+fn a_stalled_ptpl_write_holds_only_its_own_command() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempdir("stalled");
+    let file = dir.join("ns1.ptpl.json");
+    let mut lab = lab_with(Some(file.clone()));
+    let mut h = hosts(&mut lab);
+    assert_eq!(
+        register(&mut lab, &mut h.a, REGISTER | CPTPL_SET, 0, 0xA1),
+        Status::SUCCESS
+    );
+    let fifo = format!("{}.tmp.{}", file.display(), std::process::id());
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {fifo}");
+
+    let cid = h.b.cid();
+    let cmd = resv_cmd(IoOpcode::RESERVATION_REGISTER, cid, REGISTER);
+    h.b.io[0].submit(in_capsule(cmd, keys(0, 0xB1)));
+    assert!(
+        lab.try_wait(&h.b.io[0], 200).is_none(),
+        "the Register completed although its write cannot have"
+    );
+    // Meanwhile the same reactor serves everyone else, with the state last written.
+    for _ in 0..3 {
+        assert_eq!(
+            io_status(&mut lab, &mut h.c, IoOpcode::READ),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            io_status(&mut lab, &mut h.a, IoOpcode::WRITE),
+            Status::SUCCESS
+        );
+    }
+    assert_eq!(
+        report(&mut lab, &mut h.c).regs.len(),
+        1,
+        "only A is written"
+    );
+
+    // A reader lets the writer's open return; syncing a FIFO fails, and so does the write.
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(0o4000) // O_NONBLOCK: no writer needed to open
+        .open(&fifo)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let done = loop {
+        if let Some(r) = lab.try_wait(&h.b.io[0], 10) {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the failed write never settled");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    drop(reader);
+    assert_eq!(done.cqe.status(), Status::INTERNAL_ERROR);
+    assert_eq!(report(&mut lab, &mut h.c).regs.len(), 1);
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(saved["registrants"].as_array().unwrap().len(), 1);
+
+    assert_eq!(
+        register(&mut lab, &mut h.b, REGISTER, 0, 0xB1),
+        Status::SUCCESS
+    );
+    assert_eq!(report(&mut lab, &mut h.c).regs.len(), 2);
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(saved["registrants"].as_array().unwrap().len(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

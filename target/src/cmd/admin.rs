@@ -527,10 +527,14 @@ fn set_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
         return req.fail(Status::FEATURE_ID_NOT_SAVEABLE.with_dnr());
     }
     if is_reservation_feature(sf.fid) && ctrl.kind != SubsystemKind::Discovery {
-        let status = reservation::set_feature(core, q, sf, req.cmd.nsid.get())
-            .err()
-            .unwrap_or(Status::SUCCESS);
-        return req.fail(status);
+        return match reservation::set_feature(core, q, sf, req.cmd.nsid.get()) {
+            Ok(tickets) if tickets.is_empty() => req.fail(Status::SUCCESS),
+            Ok(tickets) => {
+                core.await_persisted(req.tag, tickets);
+                Exec::Pending
+            }
+            Err(status) => req.fail(status),
+        };
     }
     let discovery = ctrl.kind == SubsystemKind::Discovery;
     let key = key_of(q);

@@ -24,7 +24,7 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 use crate::cmd::data_phase;
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, Request};
-use crate::core::reservation::{Notice, ResvState};
+use crate::core::reservation::{Notice, ResvState, Ticket};
 use crate::core::subsystem::{Namespace, SubsystemId};
 use crate::core::CoreCtx;
 
@@ -115,9 +115,15 @@ pub(crate) fn execute(
         ResvCmd::Report(rep) => return report(&ns.resv.state(), rep, req),
     };
     match result {
-        Ok(notices) => {
-            deliver(core, sid, &ns, &notices);
-            req.fail(Status::SUCCESS)
+        Ok(updated) => {
+            deliver(core, sid, &ns, &updated.notices);
+            match updated.persisting {
+                Some(ticket) => {
+                    core.await_persisted(req.tag, vec![ticket]);
+                    Exec::Pending
+                }
+                None => req.fail(Status::SUCCESS),
+            }
         }
         Err(status) => req.fail(status),
     }
@@ -230,13 +236,13 @@ pub(crate) fn get_feature(
 /// Set Features for FID 82h / 83h. The mask takes the REGPRE, RESREL and RESPRE bits; any
 /// other bit is Invalid Field (nvmet). PTPL can be switched on only for a namespace with a
 /// `ptpl_file` (Invalid Field otherwise, as SPDK); the file is written before the command
-/// completes.
+/// completes: the tickets returned say when.
 pub(crate) fn set_feature(
     core: &CoreCtx,
     q: &QueueState,
     sf: SetFeatures,
     nsid: u32,
-) -> Result<(), Status> {
+) -> Result<Vec<Arc<Ticket>>, Status> {
     let namespaces = feature_namespaces(core, q, nsid, true)?;
     match sf.fid {
         FeatureId::RESERVATION_NOTIFICATION_MASK => {
@@ -248,7 +254,7 @@ pub(crate) fn set_feature(
             for ns in &namespaces {
                 log.set_mask(ns.nsid, sf.cdw11);
             }
-            Ok(())
+            Ok(Vec::new())
         }
         _ => {
             let on = sf.cdw11 & PTPL_ENABLE != 0;
@@ -259,13 +265,15 @@ pub(crate) fn set_feature(
             if nsid != NSID_ALL && capable.is_empty() && on {
                 return Err(Status::INVALID_FIELD.with_dnr());
             }
+            let mut tickets = Vec::new();
             for ns in capable {
-                ns.resv.update(|s| {
+                let updated = ns.resv.update(|s| {
                     s.ptpl = on;
                     Ok(Vec::new())
                 })?;
+                tickets.extend(updated.persisting);
             }
-            Ok(())
+            Ok(tickets)
         }
     }
 }

@@ -24,6 +24,7 @@ use crate::core::controller::ControllerLocal;
 use crate::core::namespaces::{GroupNamespace, NamespaceTable, NsSlot};
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Op, Prepared, ReqTag, Request, Wakeup};
+use crate::core::reservation::Ticket;
 use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId};
 
 pub mod ana;
@@ -173,6 +174,9 @@ pub struct CoreCtx {
     /// `poll_namespace` (counted there, not taken from what `poll` returns).
     bdev_io_outstanding: usize,
     wakeups: Vec<(ReqTag, Wakeup)>,
+    /// Reservation commands whose new state the PTPL writer thread has yet to write: each
+    /// completes when all its tickets settle (looked at every turn while there are any).
+    persist_waits: Vec<(ReqTag, Vec<Arc<Ticket>>)>,
     /// Reads and writes that finished before the clock moved past their start (completed in
     /// the step that submitted them): their latency is taken at the next reading, so a
     /// memory-backed bdev's I/O is not reported as taking no time at all. They all started at
@@ -226,6 +230,7 @@ impl CoreCtx {
             draining: Vec::new(),
             bdev_io_outstanding: 0,
             wakeups: Vec::with_capacity(256),
+            persist_waits: Vec::new(),
             latency_waiting: Vec::with_capacity(bdev_io::LATENCY_WAITING_MAX),
             aux_pool: None,
             clock: Clock::System(Instant::now()),
@@ -493,6 +498,39 @@ impl CoreCtx {
         self.wakeups.push((tag, wakeup));
     }
 
+    /// Holds the (pending) command `tag` until every ticket settles: success if every
+    /// write reached the PTPL file, else Internal Error.
+    pub(crate) fn await_persisted(&mut self, tag: ReqTag, tickets: Vec<Arc<Ticket>>) {
+        self.persist_waits.push((tag, tickets));
+    }
+
+    /// Wakes the commands whose PTPL writes are all done; returns how many.
+    #[cold]
+    #[inline(never)]
+    fn settle_persisted(&mut self) -> usize {
+        let mut settled = 0;
+        let mut i = 0;
+        while i < self.persist_waits.len() {
+            let outcome = self.persist_waits[i]
+                .1
+                .iter()
+                .try_fold(true, |all, t| t.outcome().map(|written| all && written));
+            let Some(written) = outcome else {
+                i += 1;
+                continue;
+            };
+            let (tag, _) = self.persist_waits.swap_remove(i);
+            let status = if written {
+                Status::SUCCESS
+            } else {
+                Status::INTERNAL_ERROR
+            };
+            self.wake(tag, Wakeup::Finished { status, dw0: 0 });
+            settled += 1;
+        }
+        settled
+    }
+
     /// Moves the wakeups owed so far into `out` (which the caller keeps for reuse).
     pub fn take_wakeups(&mut self, out: &mut Vec<(ReqTag, Wakeup)>) {
         std::mem::swap(&mut self.wakeups, out);
@@ -519,6 +557,9 @@ impl CoreCtx {
         let mut work = 0;
         if self.bdev_io_outstanding > 0 {
             work = self.poll_bdevs();
+        }
+        if !self.persist_waits.is_empty() {
+            work += self.settle_persisted();
         }
         self.tick = self.now_ms >= self.next_tick_ms;
         if self.tick {
@@ -664,12 +705,16 @@ impl CoreCtx {
 
     /// How long this reactor may sleep with nothing to poll: `None` while wakeups are owed
     /// or bdev I/O is in flight (backends are polled); else until the next keep-alive
-    /// deadline, at most [`IDLE_SLEEP_MAX_MS`].
+    /// deadline, at most [`IDLE_SLEEP_MAX_MS`] (1 ms while a PTPL write is awaited).
     pub fn sleep_bound(&self) -> Option<std::time::Duration> {
         if self.has_wakeups() || self.io_in_flight() > 0 {
             return None;
         }
         let mut ms = IDLE_SLEEP_MAX_MS;
+        if !self.persist_waits.is_empty() {
+            // The writer thread does not wake reactors: look again soon.
+            ms = 1;
+        }
         if let Some(Reverse((due, _))) = self.keep_alive_timers.peek() {
             ms = ms.min(due.saturating_sub(self.now_ms));
         }

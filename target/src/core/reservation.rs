@@ -6,8 +6,10 @@
 //! Sharing: every reactor checks I/O against the same namespace, so the state is one immutable
 //! [`ResvState`] behind an [`ArcSwap`], with a change counter beside it. A reservation
 //! command, which is rare, takes the namespace's writer lock, computes the next state from a
-//! copy, persists it when PTPL is on, swaps it in and moves the counter on before the command
-//! completes, so every command submitted after that completion sees it. Each reactor keeps the
+//! copy, swaps it in and moves the counter on before the command completes, so every command
+//! submitted after that completion sees it. When PTPL is on, the state is handed to the PTPL
+//! writer thread instead (`reservation_writer.rs`), which swaps it in once the file holds it;
+//! the command waits pending meanwhile, and its reactor does not. Each reactor keeps the
 //! state it last loaded ([`ResvView`]): its I/O reads the counter (a plain load, no lock, no
 //! write) and loads the state again only when the counter moved. (An `ArcSwap` load per I/O
 //! writes the reader's debt slot, which writers also write, and cost some 70 instructions.)
@@ -457,23 +459,53 @@ impl ResvState {
     }
 }
 
-/// The reservation side of a namespace, shared by every reactor.
+/// The reservation side of a namespace, shared by every reactor (and, with a PTPL file, by
+/// the writer thread that installs what it wrote).
 pub struct NsReservation {
+    shared: Arc<ResvShared>,
+}
+
+pub(crate) struct ResvShared {
+    /// The installed state: what I/O is checked against and Reservation Report shows.
     current: ArcSwap<ResvState>,
     /// Moved on after every store to `current` (Release), so a reactor that reads it
     /// unchanged (Acquire) knows the state it holds is still current.
     changes: AtomicU64,
     /// Serialises the (rare) reservation commands and feature changes of this namespace.
-    writer: Mutex<()>,
+    writer: Mutex<Writer>,
     ptpl_file: Option<PathBuf>,
     bdev_uuid: [u8; 16],
+}
+
+/// Under the writer lock: the state the next change starts from, and what waits for the
+/// PTPL file.
+struct Writer {
+    /// The newest state: `current`, or a newer one queued for the file.
+    head: Arc<ResvState>,
+    queued: writer::Queued,
+}
+
+impl ResvShared {
+    /// Makes `state` the one I/O and reports see.
+    fn install(&self, state: Arc<ResvState>) {
+        self.current.store(state);
+        self.changes.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// What a reservation change did: the notices it raised, and, when its state must reach the
+/// PTPL file first, the ticket that says when it has (the command completes then).
+#[derive(Debug)]
+pub struct Updated {
+    pub notices: Vec<Notice>,
+    pub persisting: Option<Arc<Ticket>>,
 }
 
 impl std::fmt::Debug for NsReservation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NsReservation")
-            .field("state", &*self.current.load())
-            .field("ptpl_file", &self.ptpl_file)
+            .field("state", &*self.shared.current.load())
+            .field("ptpl_file", &self.shared.ptpl_file)
             .finish()
     }
 }
@@ -496,7 +528,7 @@ impl ResvView {
         host: &HostId,
         access: Access,
     ) -> Result<(), Status> {
-        if of.changes.load(Ordering::Acquire) != self.seen {
+        if of.shared.changes.load(Ordering::Acquire) != self.seen {
             *self = of.view();
         }
         self.state.check(host, access)
@@ -507,16 +539,22 @@ impl NsReservation {
     /// A namespace's reservations; with a PTPL file, the state it holds (a missing file is an
     /// empty state with PTPL off, as SPDK; an unreadable or malformed one is an error).
     pub fn new(bdev_uuid: [u8; 16], ptpl_file: Option<PathBuf>) -> Result<Self, PtplError> {
-        let state = match &ptpl_file {
+        let state = Arc::new(match &ptpl_file {
             Some(path) => load_ptpl(path, &bdev_uuid)?,
             None => ResvState::default(),
-        };
-        Ok(Self {
-            current: ArcSwap::from_pointee(state),
+        });
+        let shared = ResvShared {
+            current: ArcSwap::new(Arc::clone(&state)),
             changes: AtomicU64::new(0),
-            writer: Mutex::new(()),
+            writer: Mutex::new(Writer {
+                head: state,
+                queued: writer::Queued::default(),
+            }),
             ptpl_file,
             bdev_uuid,
+        };
+        Ok(Self {
+            shared: Arc::new(shared),
         })
     }
 
@@ -524,51 +562,79 @@ impl NsReservation {
     pub fn view(&self) -> ResvView {
         // The counter first: a change landing between the two loads leaves the view with a
         // newer state than its count, and the next check loads it again.
-        let seen = self.changes.load(Ordering::Acquire);
+        let seen = self.shared.changes.load(Ordering::Acquire);
         ResvView {
             seen,
-            state: self.current.load_full(),
+            state: self.shared.current.load_full(),
         }
     }
 
     pub fn state(&self) -> Arc<ResvState> {
-        self.current.load_full()
+        self.shared.current.load_full()
     }
 
     pub fn ptpl_file(&self) -> Option<&Path> {
-        self.ptpl_file.as_deref()
+        self.shared.ptpl_file.as_deref()
     }
 
     /// PTPL can be switched on only with a file to persist to (SPDK's `ptpl_file`).
     pub fn ptpl_capable(&self) -> bool {
-        self.ptpl_file.is_some()
+        self.shared.ptpl_file.is_some()
     }
 
-    /// Runs a change on a copy of the state and installs it. When PTPL is on (or was just
-    /// switched off) the new state reaches the file first; a failed write leaves the state as
-    /// it was and answers Internal Error, so nothing the host was told is lost at restart.
+    /// Runs a change on a copy of the newest state. Without PTPL (on now or just switched
+    /// off) and with nothing queued for the file, it is installed at once. Otherwise it is
+    /// queued for the writer thread, which installs it once written: the caller completes
+    /// its command when the returned ticket settles (Internal Error if the write failed,
+    /// and then the state stays as it was, so nothing the host was told is lost at restart).
     pub fn update(
         &self,
         change: impl FnOnce(&mut ResvState) -> Result<Vec<Notice>, Status>,
-    ) -> Result<Vec<Notice>, Status> {
-        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let current = self.current.load_full();
-        let mut next = (*current).clone();
+    ) -> Result<Updated, Status> {
+        let shared = &self.shared;
+        let mut w = shared.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = (*w.head).clone();
         let notices = change(&mut next)?;
-        if next == *current {
-            return Ok(notices);
-        }
-        if let Some(path) = &self.ptpl_file {
-            if next.ptpl || current.ptpl {
-                if let Err(e) = store_ptpl(path, &self.bdev_uuid, &next) {
-                    tracing::error!("cannot persist reservations: {e}");
-                    return Err(Status::INTERNAL_ERROR);
-                }
+        let file_involved = shared.ptpl_file.is_some() && (next.ptpl || w.head.ptpl);
+        if !w.queued.in_flight && (!file_involved || next == *w.head) {
+            if next != *w.head {
+                let next = Arc::new(next);
+                w.head = Arc::clone(&next);
+                shared.install(next);
             }
+            return Ok(Updated {
+                notices,
+                persisting: None,
+            });
         }
-        self.current.store(Arc::new(next));
-        self.changes.fetch_add(1, Ordering::Release);
-        Ok(notices)
+        // Behind a queued write (even a change that changes nothing answers from a state
+        // that is not yet written), or a change the file must hold first.
+        if next != *w.head {
+            w.head = Arc::new(next);
+        }
+        let ticket = Arc::new(Ticket::default());
+        w.queued.tickets.push(Arc::clone(&ticket));
+        if !std::mem::replace(&mut w.queued.in_flight, true) {
+            drop(w);
+            writer::schedule(Arc::clone(shared));
+        }
+        Ok(Updated {
+            notices,
+            persisting: Some(ticket),
+        })
+    }
+
+    /// [`update`](Self::update), waiting for the file (tests and the control plane only:
+    /// never on a reactor).
+    pub fn update_and_wait(
+        &self,
+        change: impl FnOnce(&mut ResvState) -> Result<Vec<Notice>, Status>,
+    ) -> Result<Vec<Notice>, Status> {
+        let updated = self.update(change)?;
+        match updated.persisting {
+            Some(ticket) if !ticket.wait() => Err(Status::INTERNAL_ERROR),
+            _ => Ok(updated.notices),
+        }
     }
 }
 
@@ -632,8 +698,11 @@ impl NoticeLog {
 
 #[path = "reservation_ptpl.rs"]
 mod ptpl;
+#[path = "reservation_writer.rs"]
+mod writer;
+use ptpl::load_ptpl;
 pub use ptpl::PtplError;
-use ptpl::{load_ptpl, store_ptpl};
+pub use writer::Ticket;
 
 #[cfg(test)]
 #[path = "reservation_tests.rs"]

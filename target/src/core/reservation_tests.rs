@@ -510,7 +510,7 @@ fn a_reactor_view_follows_every_change_of_the_namespace() {
     let resv = NsReservation::new(BDEV, None).unwrap();
     let mut early = resv.view();
     assert!(early.check(&resv, &B, Access::Write).is_ok());
-    resv.update(|s| {
+    resv.update_and_wait(|s| {
         register(s, &A, 1);
         acquire(s, &A, 1, T::WRITE_EXCLUSIVE);
         Ok(vec![])
@@ -522,9 +522,9 @@ fn a_reactor_view_follows_every_change_of_the_namespace() {
     let mut late = resv.view();
     assert_eq!(late.check(&resv, &B, Access::Write), Err(CONFLICT));
     // A change that changes nothing leaves the views as they are, and still right.
-    let _ = resv.update(|_| Ok(vec![]));
+    let _ = resv.update_and_wait(|_| Ok(vec![]));
     assert_eq!(early.check(&resv, &B, Access::Write), Err(CONFLICT));
-    resv.update(|s| {
+    resv.update_and_wait(|s| {
         s.release(
             &A,
             ReservationRelease {
@@ -550,13 +550,13 @@ fn ptpl_file_round_trip() {
         "a missing file is an empty state"
     );
     // PTPL off: nothing is written.
-    resv.update(|s| {
+    resv.update_and_wait(|s| {
         register(s, &A, 1);
         Ok(vec![])
     })
     .unwrap();
     assert!(!path.exists());
-    resv.update(|s| {
+    resv.update_and_wait(|s| {
         s.register(
             &B,
             reg_cmd(RegisterAction::REGISTER, false, Cptpl::SET),
@@ -565,7 +565,7 @@ fn ptpl_file_round_trip() {
         )
     })
     .unwrap();
-    resv.update(|s| {
+    resv.update_and_wait(|s| {
         acquire(s, &B, 2, T::EXCLUSIVE_ACCESS_REGISTRANTS_ONLY);
         Ok(vec![])
     })
@@ -590,7 +590,7 @@ fn ptpl_file_round_trip() {
         (was.rtype, was.holder, true)
     );
     // Switching PTPL off is written too; such a file restores nothing.
-    resv.update(|s| {
+    resv.update_and_wait(|s| {
         s.ptpl = false;
         Ok(vec![])
     })
@@ -608,7 +608,7 @@ fn ptpl_all_registrants_reloads_with_a_holder() {
     let dir = temp_dir("all-regs");
     let path = dir.join("ns.json");
     let resv = NsReservation::new(BDEV, Some(path.clone())).unwrap();
-    resv.update(|s| {
+    resv.update_and_wait(|s| {
         s.ptpl = true;
         register(s, &A, 1);
         register(s, &B, 2);
@@ -680,7 +680,7 @@ fn a_failed_write_keeps_the_state() {
     // the state the host sees does not move.
     let path = dir.join("gone").join("ns.json");
     let resv = NsReservation::new(BDEV, Some(path)).unwrap();
-    let r = resv.update(|s| {
+    let r = resv.update_and_wait(|s| {
         s.ptpl = true;
         register(s, &A, 1);
         Ok(vec![])
