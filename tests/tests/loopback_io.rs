@@ -401,3 +401,62 @@ fn a_host_that_overruns_its_queue_loses_it_and_others_do_not_notice() {
     );
     expect_ok(&r);
 }
+
+/// The responses on `q` until both `cids` have answered, by CID.
+fn responses_for(lab: &mut LoopbackLab, q: &LoopbackHostQueue, cids: [u16; 2]) -> [Response; 2] {
+    let mut got: Vec<Response> = Vec::new();
+    while got.len() < 2 {
+        got.push(lab.wait(q));
+    }
+    got.sort_by_key(|r| usize::from(r.cqe.cid.get() != cids[0]));
+    assert_eq!(got[1].cqe.cid.get(), cids[1]);
+    [got.remove(0), got.remove(0)]
+}
+
+/// CC.EN 1 to 0 is a Controller Reset: the controller's outstanding AER is aborted and its
+/// I/O queues are disconnected; the admin queue stays,
+/// and once enabled again the host connects a new I/O queue with the same QID and is served.
+#[test]
+fn a_controller_reset_deletes_the_io_queues_and_keeps_the_admin_queue() {
+    use nvmf_common::spec::fabrics::{PropertyGetCommand, PropertySetCommand};
+    use nvmf_common::spec::registers::{Cc, Csts, Property};
+    let mut lab = lab();
+    let mut ctrl = linux_bring_up(&mut lab, NQN, 1);
+    let aer = ctrl.cid();
+    ctrl.admin
+        .submit(no_data(Command::async_event_request(aer)));
+    let reset = ctrl.cid();
+    ctrl.admin.submit(no_data(
+        PropertySetCommand::new(reset, Property::CC.0, 0, false).to_command(),
+    ));
+    let [aborted, done] = responses_for(&mut lab, &ctrl.admin, [aer, reset]);
+    assert_eq!(aborted.cqe.status(), Status::ABORTED_SQ_DELETION);
+    expect_ok(&done);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !ctrl.io[0].is_disconnected() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        lab.pg.poll();
+    }
+    assert!(ctrl.io[0].is_disconnected(), "the reset kept the I/O queue");
+    assert!(
+        !ctrl.admin.is_disconnected(),
+        "the reset took the admin queue"
+    );
+
+    // Enabled again: ready, and a new I/O queue 1 serves.
+    let cid = ctrl.cid();
+    let cc = Cc(0).with_iosqes(6).with_iocqes(4).with_en(true);
+    let set = PropertySetCommand::new(cid, Property::CC.0, u64::from(cc.0), false);
+    expect_ok(&ctrl.admin(&mut lab, no_data(set.to_command())));
+    let cid = ctrl.cid();
+    let get = PropertyGetCommand::new(cid, Property::CSTS.0, false);
+    let r = ctrl.admin(&mut lab, no_data(get.to_command()));
+    assert!(Csts(expect_ok(&r).dw0.get()).rdy());
+    let q = lab.open_queue();
+    let connect = connect_capsule_as(1, 1, 31, 0, ctrl.cntlid, NQN, HOSTNQN, HOSTID);
+    expect_ok(&lab.run(&q, connect));
+    ctrl.io[0] = q;
+    let cid = ctrl.cid();
+    let r = ctrl.io(&mut lab, 0, reading(Command::read(cid, 1, 0, 1), 512));
+    expect_ok(&r);
+}

@@ -123,6 +123,43 @@ fn pipelined_connects_on_one_queue_make_one_controller() {
     lab.assert_drained();
 }
 
+/// A Controller Reset (CC.EN 1 to 0) over RDMA: the controller's I/O queue is disconnected
+/// at the next housekeeping tick, its admin queue stays and answers.
+#[test]
+fn a_controller_reset_disconnects_the_io_queues_over_rdma() {
+    use nvmf_common::spec::fabrics::{PropertyGetCommand, PropertySetCommand};
+    use nvmf_common::spec::registers::{Csts, Property};
+    let mut lab = SimLab::new(22);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut io = io_queue(&mut lab, &host, cntlid, 32, 8192);
+    let c = io.run(&mut lab, read_cmd(1, 0, 1), keyed(0, 512));
+    assert!(c.status().is_success(), "{c:?}");
+    assert_eq!(lab.total_resources().qpairs, 2);
+    let reset = PropertySetCommand::new(3, Property::CC.0, 0, false).to_command();
+    let c = admin.run(&mut lab, reset, Data::None);
+    assert!(c.status().is_success(), "{c:?}");
+    // A housekeeping tick (TICK_MS) closes it; the QP drains and goes.
+    for _ in 0..1000 {
+        if lab.total_resources().qpairs == 1 {
+            break;
+        }
+        lab.run_for(Duration::from_millis(1), Duration::from_millis(1));
+    }
+    assert_eq!(
+        lab.total_resources().qpairs,
+        1,
+        "the I/O queue outlived the reset"
+    );
+    let get = PropertyGetCommand::new(4, Property::CSTS.0, false).to_command();
+    let c = admin.run(&mut lab, get, Data::None);
+    assert!(c.status().is_success(), "{c:?}");
+    assert!(!Csts(c.dw0.get()).rdy());
+    io.disconnect();
+    admin.disconnect();
+    lab.assert_drained();
+}
+
 /// Defect 1 of issue 11, end to end: hosts that post no receives pin the large data pool
 /// (their responses wait in RNR, which they asked to retry for ever), so queue A's commands
 /// wait for buffers behind them; A disconnects and is reaped while its entries stay queued,

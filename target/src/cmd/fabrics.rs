@@ -16,7 +16,7 @@ use crate::bdev::{BdevCompletion, BdevIo, IoKind};
 use crate::cmd::data_phase;
 use crate::core::controller::{ControllerLocal, ControllerShared};
 use crate::core::queue::QueueState;
-use crate::core::request::{DataDirection, Exec, Prepared, Request};
+use crate::core::request::{DataDirection, Exec, Prepared, Request, Wakeup};
 use crate::core::subsystem::SubsystemKind;
 use crate::core::CoreCtx;
 
@@ -236,6 +236,7 @@ fn connect(core: &mut CoreCtx, q: &mut QueueState, req: &mut Request) -> Exec {
     q.depth = sqsize + 1;
     q.admitted = true;
     q.subsystem = Some(config.id);
+    q.resets_at_connect = ctrl.resets();
     req.complete_with(Status::SUCCESS, connect_success_dw0(ctrl.cntlid, 0));
     q.ctrl = Some(ctrl);
     core.stats.queue_connected(false);
@@ -303,11 +304,33 @@ fn property_set(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
         // CAP, VS and CSTS are read-only; NSSR and the PCIe queue registers do not exist here.
         return req.fail(Status::INVALID_FIELD.with_dnr());
     }
-    if write_cc(ctrl, Cc(cmd.value.get() as u32)) {
+    let was_enabled = ctrl.cc().en();
+    let shutting_down = write_cc(ctrl, Cc(cmd.value.get() as u32));
+    if was_enabled && !ctrl.cc().en() {
+        reset_controller(core, ctrl);
+    }
+    if shutting_down {
         return flush_for_shutdown(core, q, req);
     }
     req.complete(Status::SUCCESS);
     Exec::Complete
+}
+
+/// CC.EN 1 to 0, a Controller Reset (NVMe 2.0 base, 3.7.2): the I/O queues are deleted,
+/// which over fabrics means disconnected (as SPDK does; they go at the next tick), and the
+/// commands the controller holds, its AERs, are aborted. The admin queue stays: the host
+/// enables the controller again and connects new I/O queues.
+fn reset_controller(core: &mut CoreCtx, ctrl: &ControllerShared) {
+    ctrl.reset();
+    let key = (ctrl.subsystem_id, ctrl.cntlid);
+    let aers = core
+        .controllers
+        .get_mut(&key)
+        .map(|local| std::mem::take(&mut local.outstanding_aers))
+        .unwrap_or_default();
+    for tag in aers {
+        core.wake(tag, Wakeup::Aborted(Status::ABORTED_SQ_DELETION));
+    }
 }
 
 /// A shutdown notification (CC.SHN): the host will cut power or go away once CSTS.SHST says

@@ -43,6 +43,9 @@ pub struct ControllerShared {
     kato_ms: AtomicU32,
     last_keep_alive_ms: AtomicU64,
     failed: AtomicBool,
+    /// Controller Resets (CC.EN 1 to 0) so far: an I/O queue connected before the last one
+    /// is torn down.
+    resets: AtomicU32,
     /// Volatile Write Cache feature: when the host disables it, writes become FUA.
     write_cache_enabled: AtomicBool,
     connected_qids: Mutex<BTreeSet<u16>>,
@@ -83,6 +86,7 @@ impl ControllerShared {
             kato_ms: AtomicU32::new(kato_ms),
             last_keep_alive_ms: AtomicU64::new(now_ms),
             failed: AtomicBool::new(false),
+            resets: AtomicU32::new(0),
             write_cache_enabled: AtomicBool::new(true),
             connected_qids: Mutex::new(BTreeSet::from([0])),
             resv_log: Mutex::new(NoticeLog::default()),
@@ -140,6 +144,17 @@ impl ControllerShared {
         self.set_csts(csts.with_cfs(true));
         self.failed.store(true, Ordering::Release);
         FAILURES.fetch_add(1, Ordering::Release);
+    }
+
+    /// A Controller Reset: the I/O queues connected so far are to go. Counted with the
+    /// failures, so that the next tick walks every connection and finds them.
+    pub fn reset(&self) {
+        self.resets.fetch_add(1, Ordering::Release);
+        FAILURES.fetch_add(1, Ordering::Release);
+    }
+
+    pub fn resets(&self) -> u32 {
+        self.resets.load(Ordering::Acquire)
     }
 
     pub fn write_cache_enabled(&self) -> bool {

@@ -296,10 +296,11 @@ impl CoreCtx {
     }
 
     /// Whether the transport should disconnect `q`: its controller failed, was reset to a
-    /// fatal state or torn down, or no Connect succeeded within `connect_timeout_ms`.
+    /// fatal state or torn down, it is an I/O queue of a controller reset since (CC.EN 1 to
+    /// 0 deletes the I/O queues), or no Connect succeeded within `connect_timeout_ms`.
     pub fn should_disconnect(&self, q: &mut QueueState) -> bool {
         if let Some(ctrl) = &q.ctrl {
-            return ctrl.is_failed();
+            return ctrl.is_failed() || (!q.is_admin() && ctrl.resets() != q.resets_at_connect);
         }
         let since = *q.unconnected_since_ms.get_or_insert(self.now_ms);
         self.now_ms.saturating_sub(since) >= self.connect_timeout_ms

@@ -28,6 +28,9 @@ pub struct QueueState {
     pub(crate) admitted: bool,
     /// When the core first saw this queue without a controller (before Connect).
     pub(crate) unconnected_since_ms: Option<u64>,
+    /// For an I/O queue, its controller's reset count when it connected: a reset since
+    /// deleted it (see `ControllerShared::reset`).
+    pub(crate) resets_at_connect: u32,
     /// The NSID this queue's last I/O command named and the namespace it resolved to:
     /// hosts send most commands of a queue to one namespace, and a hit saves the two hash
     /// lookups. Valid while the slot is live: a namespace detached or replaced leaves the
@@ -54,6 +57,7 @@ impl QueueState {
             sq_head: 0,
             admitted: false,
             unconnected_since_ms: None,
+            resets_at_connect: 0,
             last_namespace: (0, NsSlot::default()),
         }
     }
