@@ -264,13 +264,11 @@ impl Target {
     }
 
     /// Deletes a subsystem: its controllers fail (hosts see the queues close), its bdevs are
-    /// released, its listeners stop if no other subsystem uses them.
+    /// released once every reactor has drained their I/O, its listeners stop if no other
+    /// subsystem uses them.
     pub fn delete_subsystem(&mut self, nqn: &str) -> Result<(), TargetError> {
         self.subsystem_mut(nqn)?;
         let sub = self.subsystems.remove(nqn).expect("checked above");
-        for ns in sub.namespaces.values() {
-            self.bdevs.release(ns.bdev.name());
-        }
         for addr in &sub.listeners {
             self.stop_listen_if_unused(addr);
         }
@@ -312,13 +310,28 @@ impl Target {
                 "anagrpid {anagrpid} exceeds the maximum NSID {max_nsid}"
             )));
         }
+        // Two namespaces persisting to one file would overwrite each other's reservations,
+        // and the loser's would fail to load at the next start.
+        if let Some(path) = &opts.ptpl_file {
+            let taken = self
+                .subsystems
+                .values()
+                .flat_map(|s| s.namespaces.values())
+                .any(|ns| ns.resv.ptpl_file() == Some(path.as_path()));
+            if taken {
+                return Err(TargetError::Invalid(format!(
+                    "ptpl_file {} is another namespace's",
+                    path.display()
+                )));
+            }
+        }
         let user = format!("{nqn} nsid {nsid}");
-        let bdev = self.bdevs.claim(&opts.bdev_name, &user)?;
+        // Dropped on every error below, the hold releases the claim.
+        let (bdev, claim) = self.bdevs.claim(&opts.bdev_name, &user)?;
         // A bdev may have any multiple of 512 as its block size (as in SPDK), but a namespace
         // states its LBA size as a power of two (Identify Namespace LBADS): any other would
         // reach hosts as the wrong geometry.
         if !bdev.block_size().is_power_of_two() {
-            self.bdevs.release(bdev.name());
             return Err(TargetError::Invalid(format!(
                 "bdev {} has {}-byte blocks: a namespace's block size must be a power of two",
                 bdev.name(),
@@ -326,13 +339,7 @@ impl Target {
             )));
         }
         let uuid = opts.uuid.unwrap_or_else(|| bdev.uuid());
-        let resv = match NsReservation::new(bdev.uuid(), opts.ptpl_file) {
-            Ok(r) => r,
-            Err(e) => {
-                self.bdevs.release(bdev.name());
-                return Err(e.into());
-            }
-        };
+        let resv = NsReservation::new(bdev.uuid(), opts.ptpl_file)?;
         let ns = Arc::new(Namespace {
             nsid,
             nguid: opts.nguid.unwrap_or(uuid),
@@ -342,6 +349,7 @@ impl Target {
             bdev,
             stats: NsStats::default(),
             resv,
+            claim,
         });
         let sub = self.subsystem_mut(nqn)?;
         sub.namespaces.insert(nsid, ns);
@@ -358,7 +366,9 @@ impl Target {
             .ok_or(TargetError::NoNamespace(nsid))?;
         sub.ns_hosts.remove(&nsid);
         sub.ana.ns_groups.remove(&nsid);
-        self.bdevs.release(ns.bdev.name());
+        // Its bdev stays claimed until every reactor has drained the namespace's I/O and
+        // dropped it (the namespace holds the claim).
+        drop(ns);
         self.publish(nqn);
         Ok(())
     }

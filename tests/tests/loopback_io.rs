@@ -460,3 +460,56 @@ fn a_controller_reset_deletes_the_io_queues_and_keeps_the_admin_queue() {
     let r = ctrl.io(&mut lab, 0, reading(Command::read(cid, 1, 0, 1), 512));
     expect_ok(&r);
 }
+
+/// A namespace removed while its host's I/O is still with the bdev keeps the bdev claimed
+/// until that I/O has drained: no other subsystem can export the bdev meanwhile, so the
+/// old tenant's late writes never land on the new tenant's device, nor its late reads
+/// return the new tenant's data.
+#[test]
+fn a_removed_namespace_keeps_its_bdev_until_its_io_has_drained() {
+    use nvmf_target::bdev::{BdevError, DelayBdev};
+    use nvmf_target::target::{NamespaceOptions, TargetError};
+    let mut lab = LoopbackLab::default();
+    let base = lab.malloc("Base", 64, 512);
+    let slow = DelayBdev::new("Slow", base, None, 0, 0, 300_000, 300_000);
+    lab.target
+        .bdevs
+        .register(std::sync::Arc::new(slow))
+        .unwrap();
+    lab.subsystem(NQN, &["Slow"]);
+    lab.subsystem("nqn.2016-06.io.spdk:other", &[]);
+    let mut old = linux_bring_up(&mut lab, NQN, 1);
+    let cid = old.cid();
+    old.io[0].submit(in_capsule(Command::write(cid, 1, 0, 1), vec![0xAB; 512]));
+    lab.pg.poll();
+    lab.target.remove_namespace(NQN, 1).unwrap();
+    lab.pg.poll();
+    let again = |lab: &mut LoopbackLab| {
+        let opts = NamespaceOptions {
+            bdev_name: "Slow".into(),
+            ..Default::default()
+        };
+        lab.target.add_namespace("nqn.2016-06.io.spdk:other", opts)
+    };
+    match again(&mut lab) {
+        Err(TargetError::Bdev(BdevError::Claimed { name, .. })) => assert_eq!(name, "Slow"),
+        other => panic!("the bdev was given away with a write in flight: {other:?}"),
+    }
+    // The write completes (its namespace is gone, its bdev is not); then the bdev is free.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let r = loop {
+        if let Some(r) = lab.try_wait(&old.io[0], 100) {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the write never completed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(r.cqe.cid.get(), cid);
+    for _ in 0..10 {
+        lab.pg.poll();
+    }
+    assert_eq!(again(&mut lab).unwrap(), 1);
+}

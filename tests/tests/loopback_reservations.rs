@@ -1071,3 +1071,28 @@ fn a_stalled_ptpl_write_holds_only_its_own_command() {
     assert_eq!(saved["registrants"].as_array().unwrap().len(), 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Two namespaces cannot persist to one PTPL file: each would overwrite the other's
+/// reservations, and at the next start the file would load for one bdev only.
+#[test]
+fn a_ptpl_file_belongs_to_one_namespace() {
+    let dir = tempdir("shared-file");
+    let file = dir.join("ns.ptpl.json");
+    let mut lab = lab_with(Some(file.clone()));
+    lab.malloc("Malloc1", 64, BLOCK as u32);
+    let ns = |ptpl_file| NamespaceOptions {
+        bdev_name: "Malloc1".into(),
+        ptpl_file,
+        ..Default::default()
+    };
+    let err = lab
+        .target
+        .add_namespace(NQN, ns(Some(file.clone())))
+        .unwrap_err();
+    assert!(err.to_string().contains("another namespace's"), "{err}");
+    // The bdev was not kept claimed by the refusal; with its own file it is added.
+    lab.target
+        .add_namespace(NQN, ns(Some(dir.join("ns2.ptpl.json"))))
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -794,7 +794,7 @@ mod tests {
         assert_eq!(entry["params"]["filename"], f.path());
         parse_params::<AioCreateParams>(entry["params"].clone()).unwrap();
 
-        reg.claim("aio0", "nqn:ns1").unwrap();
+        let claimed = reg.claim("aio0", "nqn:ns1").unwrap();
         let del = AioDeleteParams {
             name: "aio0".into(),
         };
@@ -803,7 +803,7 @@ mod tests {
             -libc::EBUSY
         );
         assert_eq!(reg.len(), 1);
-        reg.release("aio0");
+        drop(claimed);
         assert_eq!(
             rpc_bdev_aio_delete(&mut reg, del.clone()).unwrap(),
             json!(true)

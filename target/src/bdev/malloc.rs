@@ -434,14 +434,14 @@ mod tests {
         assert_eq!(reg.len(), 3);
 
         // Claimed: delete fails, nothing changes; released: delete succeeds.
-        reg.claim("M", "nqn.test:ns1").unwrap();
+        let claimed = reg.claim("M", "nqn.test:ns1").unwrap();
         let del = |name: &str| MallocDeleteParams { name: name.into() };
         assert_eq!(
             rpc_bdev_malloc_delete(&mut reg, del("M")).unwrap_err().code,
             -libc::EBUSY
         );
         assert!(reg.contains("M"));
-        reg.release("M");
+        drop(claimed);
         assert_eq!(
             rpc_bdev_malloc_delete(&mut reg, del("M")).unwrap(),
             json!(true)

@@ -276,7 +276,7 @@ mod tests {
         );
         assert_eq!(reg.len(), 1);
 
-        reg.claim("Null0", "EE_Null0").unwrap();
+        let claimed = reg.claim("Null0", "EE_Null0").unwrap();
         let del = NullDeleteParams {
             name: "Null0".into(),
         };
@@ -287,7 +287,7 @@ mod tests {
             -libc::EBUSY
         );
         assert!(reg.contains("Null0"));
-        reg.release("Null0");
+        drop(claimed);
         assert_eq!(
             rpc_bdev_null_delete(&mut reg, del.clone()).unwrap(),
             json!(true)

@@ -705,7 +705,7 @@ mod tests {
         .is_err());
         assert_eq!(reg.len(), 1);
 
-        reg.claim("u0", "nqn:ns1").unwrap();
+        let claimed = reg.claim("u0", "nqn:ns1").unwrap();
         let del = UringDeleteParams { name: "u0".into() };
         assert_eq!(
             rpc_bdev_uring_delete(&mut reg, del.clone())
@@ -714,7 +714,7 @@ mod tests {
             -libc::EBUSY
         );
         assert_eq!(reg.len(), 1);
-        reg.release("u0");
+        drop(claimed);
         assert_eq!(
             rpc_bdev_uring_delete(&mut reg, del.clone()).unwrap(),
             json!(true)

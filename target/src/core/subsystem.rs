@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use crossbeam::utils::CachePadded;
 use nvmf_common::spec::nqn::DISCOVERY_NQN;
 
+use crate::bdev::registry::BdevClaim;
 use crate::bdev::BdevRef;
 use crate::core::ana::AnaConfig;
 use crate::core::controller::ControllerShared;
@@ -83,6 +84,9 @@ pub struct Namespace {
     pub stats: NsStats,
     /// Registrants and reservation, shared by every reactor (see [`crate::core::reservation`]).
     pub resv: NsReservation,
+    /// The claim on `bdev`: released when the last copy of this namespace goes, on the
+    /// reactor that drains its last I/O, never before.
+    pub claim: Arc<BdevClaim>,
 }
 
 /// Per-namespace I/O counters, kept per reactor and summed only when read: each reactor
