@@ -8,7 +8,7 @@ use nvmf_common::spec::Command;
 
 use super::backlog::{Overrun, Waiting};
 use super::device::DeviceResources;
-use super::poll_group::{RdmaPollGroup, POLL_BATCH};
+use super::poll_group::{qp_key, RdmaPollGroup, POLL_BATCH};
 use super::qpair::{release, wrs_of, Qpair, SlotAccounts};
 use super::request::{parse_wr_id, HostData, RdmaRequest, State, WrKind, COVER_SLOT, DRAIN_SLOT};
 use super::send_batch::deferred_released;
@@ -140,7 +140,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
         // the command leaves it (`return_capsule`), else with a fresh one.
         dev.repost(recv);
         let capsule = dev.take_capsule(recv);
-        let qi = self.by_qp_num.get(&wc.qp_num()).copied();
+        let qi = self.by_qp_num.get(&qp_key(d, wc.qp_num())).copied();
         let usable = wc.status().is_success()
             && qi.is_some_and(|qi| {
                 self.qpairs[qi]

@@ -14,7 +14,7 @@ use zerocopy::IntoBytes;
 
 use super::backlog::Backlog;
 use super::device::DeviceResources;
-use super::poll_group::{watch, RdmaPollGroup};
+use super::poll_group::{qp_key, watch, RdmaPollGroup};
 use super::qpair::{claim_index, release, transfer_stuck, Qpair, SlotAccounts, CQE_LEN};
 use super::read_batch::drop_queued_reads;
 use super::request::{
@@ -165,7 +165,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
         let cq_share = caps.max_send_wr;
         let send_with_invalidate = dev.send_with_invalidate;
         let token = conn.id.token();
-        self.by_qp_num.insert(qp.qp_num(), qi);
+        self.by_qp_num.insert(qp_key(dev_index, qp.qp_num()), qi);
         self.by_token.insert(token, qi);
         tracing::debug!(qid = conn.qid, depth, peer = %conn.peer, qp_num = qp.qp_num(), "RDMA qpair accepted");
         self.qpairs[qi] = Some(Qpair {
@@ -237,7 +237,9 @@ impl<V: Verbs> RdmaPollGroup<V> {
         };
         match ev.kind {
             AsyncEventKind::QpFatal | AsyncEventKind::QpReqErr | AsyncEventKind::QpAccessErr => {
-                let qi = ev.qp_num.and_then(|n| self.by_qp_num.get(&n).copied());
+                let qi = ev
+                    .qp_num
+                    .and_then(|n| self.by_qp_num.get(&qp_key(d, n)).copied());
                 if let Some(qi) = qi {
                     if let Some(qp) = self.qpairs[qi].as_ref() {
                         tracing::warn!(peer = %qp.state.peer, kind = ?ev.kind, "the device broke a queue pair; closing it");
@@ -384,7 +386,7 @@ impl<V: Verbs> RdmaPollGroup<V> {
         dev.cq_reserved -= qp.cq_share;
         // Deferred responses no later SEND covered end with their QP.
         dev.defer_budget += qp.requests.iter().map(deferred_released).sum::<u32>();
-        self.by_qp_num.remove(&qp.qp.qp_num());
+        self.by_qp_num.remove(&qp_key(qp.dev, qp.qp.qp_num()));
         self.by_token.remove(&qp.token);
         self.gens[qi] = self.gens[qi].wrapping_add(1);
         self.load.fetch_sub(1, Ordering::Relaxed);

@@ -49,9 +49,17 @@ impl Hasher for QpNumHasher {
         }
     }
 
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
+}
+
+/// A QP's key in [`RdmaPollGroup::by_qp_num`]: its device's index and its number. QP numbers
+/// are unique within one device only: two NICs (two soft-RoCE devices, two functions of one
+/// card) hand out the same ones, and a reactor serving both must not take one host's
+/// capsules for another's.
+pub(super) fn qp_key(dev: usize, qp_num: u32) -> u64 {
+    (dev as u64) << 32 | u64::from(qp_num)
 }
 
 pub(super) fn class_index(class: BufClass) -> usize {
@@ -71,7 +79,8 @@ pub struct RdmaPollGroup<V: Verbs = RealVerbs> {
     pub(super) gens: Vec<u8>,
     /// Receive completions name their QP by number: one lookup per command, so a
     /// multiplicative hash, not SipHash (QP numbers come from the device, not from hosts).
-    pub(super) by_qp_num: HashMap<u32, usize, BuildHasherDefault<QpNumHasher>>,
+    /// Qpair index by [`qp_key`] (device, QP number).
+    pub(super) by_qp_num: HashMap<u64, usize, BuildHasherDefault<QpNumHasher>>,
     pub(super) by_token: HashMap<CmIdToken, usize>,
     /// Requests waiting for a data buffer, one FIFO per class (small, large): a class that
     /// ran out never makes the other's waiters wait, nor costs a scan.
@@ -460,5 +469,28 @@ impl<V: Verbs> TransportPollGroup for RdmaPollGroup<V> {
         );
         out.insert("devices".into(), devices.into());
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::hash::BuildHasherDefault;
+
+    use super::{qp_key, QpNumHasher};
+
+    /// Two devices numbering their QPs alike (two soft-RoCE devices both start at 0x11): a
+    /// reactor serving both keeps their qpairs apart, and forgetting one keeps the other.
+    #[test]
+    fn equal_qp_numbers_of_two_devices_are_two_qpairs() {
+        let mut by_qp: HashMap<u64, usize, BuildHasherDefault<QpNumHasher>> = HashMap::default();
+        by_qp.insert(qp_key(0, 0x11), 7);
+        by_qp.insert(qp_key(1, 0x11), 9);
+        assert_eq!(by_qp.get(&qp_key(0, 0x11)), Some(&7));
+        assert_eq!(by_qp.get(&qp_key(1, 0x11)), Some(&9));
+        by_qp.remove(&qp_key(0, 0x11));
+        assert_eq!(by_qp.get(&qp_key(1, 0x11)), Some(&9));
+        assert_eq!(by_qp.get(&qp_key(0, 0x11)), None);
+        assert_ne!(qp_key(1, 0), qp_key(0, 1 << 24));
     }
 }
