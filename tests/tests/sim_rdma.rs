@@ -160,6 +160,66 @@ fn a_controller_reset_disconnects_the_io_queues_over_rdma() {
     lab.assert_drained();
 }
 
+/// Hosts that never Connect and post no receives: each answers-refused command's response
+/// waits in RNR and holds its request slot, so once every slot is taken the next commands
+/// wait for one. Commands without in-capsule data give their capsule buffer back as they
+/// start waiting: eight such queues cannot take the capsule pool, and with it the SRQ's
+/// receives, from a host that behaves.
+#[test]
+fn waiting_commands_without_data_hold_no_capsule_buffer() {
+    let mut lab = SimLab::new(23);
+    let hostile = lab.fabric.add_host(host_ip(2));
+    let good = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &good);
+    let mut io = io_queue(&mut lab, &good, cntlid, 32, 8192);
+    let depth = 64u16;
+    let mut flooders = Vec::new();
+    for _ in 0..8 {
+        let mut q = HostQueue::connect_with(&mut lab, &hostile, 1, depth, 8192, 0, |req| {
+            zerocopy::IntoBytes::as_bytes(req).to_vec()
+        })
+        .expect("accepted");
+        // Twice the depth fills the request slots with responses stuck in RNR; one depth
+        // more waits for a slot.
+        for cid in 0..3 * depth {
+            // With the SRQ empty the host's sends wait in RNR and its send queue fills.
+            if !q.try_submit(Command::flush(cid, 1), Data::None) {
+                break;
+            }
+            lab.turns(2);
+        }
+        flooders.push(q);
+    }
+    lab.run_for(Duration::from_millis(20), Duration::from_millis(1));
+    let r = lab.resources(0);
+    assert!(
+        r.backlog >= 8 * usize::from(depth) / 2,
+        "the flood did not wait: {r:?}"
+    );
+    assert!(
+        r.recv_slots_waiting < 64,
+        "receive slots wait for capsule buffers: {r:?}"
+    );
+    // The host that behaves is served at once.
+    io.submit(read_cmd(7, 0, 1), keyed(0, 512));
+    let mut done = None;
+    for _ in 0..100 {
+        lab.run_for(Duration::from_millis(1), Duration::from_millis(1));
+        done = io.poll().into_iter().find(|c| c.cid.get() == 7);
+        if done.is_some() {
+            break;
+        }
+    }
+    let c = done.expect("the good host's read waited behind the flood");
+    assert!(c.status().is_success(), "{c:?}");
+    for mut q in flooders {
+        q.disconnect();
+    }
+    io.disconnect();
+    admin.disconnect();
+    lab.assert_drained();
+}
+
 /// Defect 1 of issue 11, end to end: hosts that post no receives pin the large data pool
 /// (their responses wait in RNR, which they asked to retry for ever), so queue A's commands
 /// wait for buffers behind them; A disconnects and is reaped while its entries stay queued,

@@ -179,6 +179,17 @@ impl<V: Verbs> RdmaPollGroup<V> {
             // for responses it has seen are late. The command waits for the next free slot
             // (`backlog`), behind any older one.
             None => {
+                // The SQE is copied out: only in-capsule data keeps the capsule buffer. Any
+                // other command gives it back to its receive slot now, or a host could take
+                // every capsule buffer (and so every host's receives) with commands its
+                // stalled responses leave waiting.
+                let capsule = if matches!(cmd.dptr.classify(), SglKind::InCapsule { .. }) {
+                    capsule
+                } else {
+                    self.devices[d].return_capsule(recv, capsule);
+                    None
+                };
+                let qp = self.qpairs[qi].as_mut().expect("checked above");
                 qp.backlog.wait(Waiting {
                     cmd,
                     len,
