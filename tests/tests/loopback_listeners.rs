@@ -202,3 +202,46 @@ fn each_port_discovers_only_what_it_exports() {
     let seen = summary(&discovery_entries(&mut lab, Some(port("4420"))));
     assert!(seen.iter().all(|(_, nqn, _)| nqn != private), "{seen:?}");
 }
+
+/// The control plane fails the controllers of a removed host that it sees; a Connect that a
+/// reactor ran meanwhile, against the snapshot it still had, makes one it did not see. The
+/// reactor fails that one itself when the new snapshot arrives. Here the host is removed
+/// without the RPC's own sweep, so only the reactor's check can end the controller; another
+/// host's controller is untouched.
+#[test]
+fn a_reactor_fails_the_controllers_of_a_host_removed_behind_its_back() {
+    const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:99999999-2222-3333-4444-555555555555";
+    let mut lab = LoopbackLab::default();
+    lab.malloc("Malloc0", 64, 512);
+    let opts = SubsystemOptions {
+        serial_number: "SN-REVOKE".into(),
+        ..Default::default()
+    };
+    lab.target.create_subsystem(TENANT_A, opts).unwrap();
+    let ns = NamespaceOptions {
+        bdev_name: "Malloc0".into(),
+        ..Default::default()
+    };
+    lab.target.add_namespace(TENANT_A, ns).unwrap();
+    lab.target
+        .add_listener(TENANT_A, loopback_address())
+        .unwrap();
+    lab.target.add_host(TENANT_A, HOSTNQN).unwrap();
+    lab.target.add_host(TENANT_A, OTHER).unwrap();
+    lab.pg.poll();
+    let revoked = linux_bring_up(&mut lab, TENANT_A, 1);
+    let stays = linux_bring_up_as(&mut lab, TENANT_A, 1, OTHER);
+    lab.target.remove_host(TENANT_A, HOSTNQN).unwrap();
+    for _ in 0..1000 {
+        if revoked.admin.is_disconnected() && revoked.io[0].is_disconnected() {
+            break;
+        }
+        lab.pg.poll();
+    }
+    assert!(
+        revoked.admin.is_disconnected(),
+        "the removed host kept its controller"
+    );
+    assert!(revoked.io[0].is_disconnected());
+    assert!(!stays.admin.is_disconnected() && !stays.io[0].is_disconnected());
+}

@@ -88,9 +88,35 @@ impl CoreCtx {
         );
         self.notify_namespace_change(id, &changed, old_config.as_deref(), &config);
         if let Some(old) = old_config.as_deref() {
+            self.fail_revoked_controllers(old, &config);
             self.notify_ana_change(old, &config);
         }
         self.notify_discovery_change();
+    }
+
+    /// Fails this reactor's controllers of the subsystem whose host was removed from its
+    /// hosts, or whose listener was removed, by this change. The control plane fails the
+    /// controllers it sees when it makes the change; one a Connect made here meanwhile,
+    /// against the snapshot this reactor still had, is found here. (A host that was let in by
+    /// `allow_any_host` keeps its controllers when that is switched off, as in SPDK.)
+    fn fail_revoked_controllers(&mut self, old: &SubsystemConfig, new: &SubsystemConfig) {
+        for ((sid, _), local) in &self.controllers {
+            if *sid != new.id {
+                continue;
+            }
+            let ctrl = &local.shared;
+            let host_removed =
+                old.hosts.contains(&ctrl.hostnqn) && !new.host_allowed(&ctrl.hostnqn);
+            let listener_removed = ctrl
+                .listener
+                .as_ref()
+                .is_some_and(|l| old.listeners.contains(l) && !new.listeners.contains(l));
+            if (host_removed || listener_removed) && !ctrl.is_failed() {
+                tracing::warn!(cntlid = ctrl.cntlid, subnqn = %ctrl.subnqn, hostnqn = %ctrl.hostnqn,
+                    host_removed, listener_removed, "access revoked: controller failed");
+                ctrl.fail();
+            }
+        }
     }
 
     /// Installs the target's discovery referrals; discovery controllers learn the log changed.
