@@ -41,6 +41,16 @@ impl BackingFile {
             what: format!("{what} {path}"),
             source,
         };
+        // Looked at before the open too: opening a FIFO for reading waits for a writer, and
+        // the control plane (every RPC client) with it.
+        let kind = std::fs::metadata(path)
+            .map_err(|e| io_err("stat of", e))?
+            .file_type();
+        if !kind.is_block_device() && !kind.is_file() {
+            return Err(BdevError::InvalidParams(format!(
+                "{path} is neither a regular file nor a block device"
+            )));
+        }
         let open = |direct: bool| {
             let mut opts = OpenOptions::new();
             opts.read(true).write(!readonly);
@@ -280,6 +290,27 @@ impl Drop for TempFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A FIFO (or a socket, a character device) is refused by its type before it is
+    /// opened: opening a FIFO for reading would wait for a writer, with the control plane.
+    #[test]
+    fn a_fifo_is_refused_without_opening_it() {
+        let dir = std::env::temp_dir().join(format!("nvmf-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        for readonly in [true, false] {
+            match BackingFile::open(fifo.to_str().unwrap(), None, readonly) {
+                Err(BdevError::InvalidParams(m)) => assert!(m.contains("neither"), "{m}"),
+                other => panic!("a FIFO was accepted or failed otherwise: {:?}", other.err()),
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn geometry_of_a_file() {
