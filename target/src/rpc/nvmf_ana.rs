@@ -94,11 +94,26 @@ pub fn nvmf_subsystem_set_ns_ana_group(
     Ok(Value::Bool(true))
 }
 
+/// Groups `nvmf_subsystem_get_listeners` lists one by one, whether in use or not; past it
+/// only the groups in use are listed.
+const LISTED_GROUPS: u32 = 1024;
+
 /// SPDK's `ana_states` of a listener in `nvmf_subsystem_get_listeners`: one entry per possible
-/// group, 1..=ANAGRPMAX.
+/// group, 1..=ANAGRPMAX. ANAGRPMAX follows `max_namespaces` and the highest NSID, which can
+/// be billions: past [`LISTED_GROUPS`], only the groups a namespace uses or the listener
+/// sets a state for are listed, so the answer stays the size of the configuration.
 pub fn listener_states_json(s: &SubsystemConfig, addr: &ListenAddress) -> Value {
+    let max = s.ana_group_max();
+    let mut groups: std::collections::BTreeSet<u32> = (1..=max.min(LISTED_GROUPS)).collect();
+    if max > LISTED_GROUPS {
+        groups.extend(s.namespaces.keys().map(|&nsid| s.anagrpid(nsid)));
+        if let Some(states) = s.ana.listeners.get(addr) {
+            groups.extend(states.exceptions().map(|(g, _)| g));
+        }
+    }
     Value::Array(
-        (1..=s.ana_group_max())
+        groups
+            .into_iter()
             .map(|g| {
                 json!({
                     "ana_group": g,

@@ -438,3 +438,54 @@ fn saved_config_round_trips_groups_and_listener_states() {
         ["change", "non_optimized", "non_optimized", "non_optimized"],
     );
 }
+
+/// An ANA subsystem that may hold billions of namespaces (ANAGRPMAX follows the highest
+/// NSID): `nvmf_subsystem_get_listeners` lists the first 1,024 groups, then only the groups
+/// in use, instead of building an entry for each of four billion possible groups.
+#[test]
+fn listeners_of_a_subsystem_with_billions_of_groups_list_what_is_used() {
+    let mut c = control();
+    ok(
+        &mut c,
+        "nvmf_create_transport",
+        json!({"trtype": "LOOPBACK"}),
+    );
+    ok(
+        &mut c,
+        "bdev_malloc_create",
+        json!({"name": "Malloc0", "num_blocks": 64, "block_size": 512}),
+    );
+    let big = "nqn.2016-06.io.spdk:big";
+    ok(
+        &mut c,
+        "nvmf_create_subsystem",
+        json!({"nqn": big, "ana_reporting": true, "max_namespaces": 4_294_967_294u32}),
+    );
+    ok(
+        &mut c,
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": big, "namespace": {"bdev_name": "Malloc0", "nsid": 4_000_000_000u32}}),
+    );
+    ok(
+        &mut c,
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": big, "listen_address": port("1")}),
+    );
+    ok(
+        &mut c,
+        "nvmf_subsystem_listener_set_ana_state",
+        json!({"nqn": big, "listen_address": port("1"), "ana_state": "inaccessible", "anagrpid": 3_000_000_000u32}),
+    );
+    let listeners = ok(&mut c, "nvmf_subsystem_get_listeners", json!({"nqn": big}));
+    let states = listeners[0]["ana_states"].as_array().unwrap();
+    assert_eq!(states.len(), 1024 + 2);
+    assert_eq!(states[1023]["ana_group"], 1024);
+    assert_eq!(
+        states[1024],
+        json!({"ana_group": 3_000_000_000u32, "ana_state": "inaccessible"})
+    );
+    assert_eq!(
+        states[1025],
+        json!({"ana_group": 4_000_000_000u32, "ana_state": "optimized"})
+    );
+}
