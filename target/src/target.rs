@@ -338,11 +338,15 @@ impl Target {
                 bdev.block_size()
             )));
         }
-        let uuid = opts.uuid.unwrap_or_else(|| bdev.uuid());
+        // All zeroes is "not given", as SPDK reads it (and as `save_config` leaves it out):
+        // taken literally, a restart would derive other identifiers, and Linux hosts drop a
+        // namespace whose identifiers changed.
+        let given = |id: Option<[u8; 16]>| id.filter(|id| *id != [0; 16]);
+        let uuid = given(opts.uuid).unwrap_or_else(|| bdev.uuid());
         let resv = NsReservation::new(bdev.uuid(), opts.ptpl_file)?;
         let ns = Arc::new(Namespace {
             nsid,
-            nguid: opts.nguid.unwrap_or(uuid),
+            nguid: given(opts.nguid).unwrap_or(uuid),
             uuid,
             eui64: opts.eui64.unwrap_or_default(),
             auto_visible: !opts.no_auto_visible,

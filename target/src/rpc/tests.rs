@@ -1545,6 +1545,48 @@ fn saved_config_round_trips_into_a_fresh_target() {
     assert_eq!(saved_config(&mut fresh), config);
 }
 
+/// A namespace added with an all-zero uuid and nguid gets the identifiers of its bdev, as
+/// in SPDK (zero is "not given"): the saved config, which leaves zeroes out, restores the
+/// same identifiers, so a host does not see them change across a restart.
+#[test]
+fn zero_namespace_identifiers_are_not_given_and_survive_a_restart() {
+    let mut c = control();
+    ok(
+        &mut c,
+        "bdev_malloc_create",
+        json!({"name": "Malloc0", "num_blocks": 64, "block_size": 512,
+               "uuid": "5a5a5a5a-0000-4000-8000-00000000005a"}),
+    );
+    ok(&mut c, "nvmf_create_subsystem", json!({"nqn": NQN1}));
+    ok(
+        &mut c,
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": NQN1, "namespace": {"bdev_name": "Malloc0",
+               "uuid": "00000000-0000-0000-0000-000000000000",
+               "nguid": "00000000000000000000000000000000"}}),
+    );
+    let ns = |c: &mut Control| {
+        let subs = ok(c, "nvmf_get_subsystems", Value::Null);
+        let sub = subs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["nqn"] == NQN1)
+            .unwrap()
+            .clone();
+        sub["namespaces"][0].clone()
+    };
+    let before = ns(&mut c);
+    assert_eq!(before["uuid"], "5a5a5a5a-0000-4000-8000-00000000005a");
+    let mut fresh = control();
+    load_config(&mut fresh, &saved_config(&mut c)).unwrap();
+    let after = ns(&mut fresh);
+    assert_eq!(
+        (&after["uuid"], &after["nguid"]),
+        (&before["uuid"], &before["nguid"])
+    );
+}
+
 #[test]
 fn load_config_waiting_for_rpc_runs_settings_first_then_starts() {
     let mut src = control();
