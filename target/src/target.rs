@@ -282,11 +282,7 @@ impl Target {
 
     pub fn add_namespace(&mut self, nqn: &str, opts: NamespaceOptions) -> Result<u32, TargetError> {
         let sub = self.subsystem_mut(nqn)?;
-        let limit = if sub.max_namespaces == 0 {
-            u32::MAX - 1
-        } else {
-            sub.max_namespaces
-        };
+        let limit = sub.nsid_limit();
         let nsid = match opts.nsid {
             Some(0) | None => (1..=limit)
                 .find(|n| !sub.namespaces.contains_key(n))
@@ -304,10 +300,9 @@ impl Target {
             Some(g) => g,
         };
         // SPDK's bound: no group id above the highest NSID the subsystem may hold.
-        let max_nsid = sub.max_nsid().max(nsid);
-        if anagrpid > max_nsid {
+        if anagrpid > limit {
             return Err(TargetError::Invalid(format!(
-                "anagrpid {anagrpid} exceeds the maximum NSID {max_nsid}"
+                "anagrpid {anagrpid} exceeds the maximum NSID {limit}"
             )));
         }
         // Two namespaces persisting to one file would overwrite each other's reservations,
@@ -370,6 +365,12 @@ impl Target {
             .ok_or(TargetError::NoNamespace(nsid))?;
         sub.ns_hosts.remove(&nsid);
         sub.ana.ns_groups.remove(&nsid);
+        // A listener's state for a group now past ANAGRPMAX would outlive it: saved, it
+        // could not be loaded, and a namespace added later with that NSID would inherit it.
+        let max = sub.ana_group_max();
+        for states in sub.ana.listeners.values_mut() {
+            states.forget_groups_above(max);
+        }
         // Its bdev stays claimed until every reactor has drained the namespace's I/O and
         // dropped it (the namespace holds the claim).
         drop(ns);
@@ -607,7 +608,7 @@ impl Target {
         if !sub.namespaces.contains_key(&nsid) {
             return Err(TargetError::NoNamespace(nsid));
         }
-        let max = sub.max_nsid();
+        let max = sub.nsid_limit();
         if anagrpid == 0 || anagrpid > max {
             return Err(TargetError::Invalid(format!(
                 "anagrpid {anagrpid} is outside 1..={max}"

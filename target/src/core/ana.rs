@@ -103,6 +103,11 @@ impl ListenerAna {
     }
 
     /// Groups whose state differs from [`Self::default_state`], ascending.
+    /// Drops the states of groups above `max`, which no namespace can be in any more.
+    pub fn forget_groups_above(&mut self, max: u32) {
+        self.groups.retain(|&g, _| g <= max);
+    }
+
     pub fn exceptions(&self) -> impl Iterator<Item = (u32, AnaState)> + '_ {
         self.groups.iter().map(|(&g, &s)| (g, s))
     }

@@ -353,6 +353,17 @@ impl SubsystemConfig {
 
     /// Highest NSID the subsystem may hold: Identify Controller's NN. An unlimited subsystem
     /// (max_namespaces 0, SPDK's default) reports at least 32 or its highest NSID.
+    /// The highest NSID the subsystem may hold: `max_namespaces`, or 0xFFFFFFFE without a
+    /// limit. ANA group ids are bounded by it too (SPDK's rule), so a group named before
+    /// the namespace whose NSID it matches is added (a saved config's order) is in range.
+    pub fn nsid_limit(&self) -> u32 {
+        if self.max_namespaces == 0 {
+            u32::MAX - 1
+        } else {
+            self.max_namespaces
+        }
+    }
+
     pub fn max_nsid(&self) -> u32 {
         let highest = self.namespaces.keys().next_back().copied().unwrap_or(0);
         if self.max_namespaces == 0 {

@@ -489,3 +489,69 @@ fn listeners_of_a_subsystem_with_billions_of_groups_list_what_is_used() {
         json!({"ana_group": 4_000_000_000u32, "ana_state": "optimized"})
     );
 }
+
+/// An ANA subsystem without a namespace limit, whose group ids are bounded by its highest
+/// NSID: namespace 1 in the group of namespace 40 saves and loads (the higher NSID is added
+/// first), and a listener's state for group 50 goes with the namespace that made group 50
+/// possible, instead of being saved where it cannot load.
+#[test]
+fn saved_ana_groups_of_high_nsids_load_again() {
+    let mut c = control();
+    ok(
+        &mut c,
+        "nvmf_create_transport",
+        json!({"trtype": "LOOPBACK"}),
+    );
+    for name in ["Malloc0", "Malloc1", "Malloc2"] {
+        ok(
+            &mut c,
+            "bdev_malloc_create",
+            json!({"name": name, "num_blocks": 64, "block_size": 512}),
+        );
+    }
+    let open = "nqn.2016-06.io.spdk:open";
+    ok(
+        &mut c,
+        "nvmf_create_subsystem",
+        json!({"nqn": open, "ana_reporting": true}),
+    );
+    ok(
+        &mut c,
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": open, "listen_address": port("1")}),
+    );
+    for (bdev, nsid) in [("Malloc0", 40), ("Malloc1", 1), ("Malloc2", 50)] {
+        ok(
+            &mut c,
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": open, "namespace": {"bdev_name": bdev, "nsid": nsid}}),
+        );
+    }
+    ok(
+        &mut c,
+        "nvmf_subsystem_set_ns_ana_group",
+        json!({"nqn": open, "nsid": 1, "anagrpid": 40}),
+    );
+    ok(
+        &mut c,
+        "nvmf_subsystem_listener_set_ana_state",
+        json!({"nqn": open, "listen_address": port("1"), "ana_state": "inaccessible", "anagrpid": 50}),
+    );
+    ok(
+        &mut c,
+        "nvmf_subsystem_remove_ns",
+        json!({"nqn": open, "nsid": 50}),
+    );
+    let config = saved_config(&mut c);
+    let mut fresh = control();
+    load_config(&mut fresh, &config).unwrap();
+    assert_eq!(saved_config(&mut fresh), config);
+    let listeners = ok(
+        &mut fresh,
+        "nvmf_subsystem_get_listeners",
+        json!({"nqn": open}),
+    );
+    let states = listeners[0]["ana_states"].as_array().unwrap();
+    assert_eq!(states.len(), 40, "groups 1..=40: {states:?}");
+    assert!(states.iter().all(|s| s["ana_state"] == "optimized"));
+}
