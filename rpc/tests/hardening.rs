@@ -74,6 +74,22 @@ fn unix(path: &PathBuf) -> UnixStream {
     s
 }
 
+/// Connects until a request is answered (not refused for lack of a slot), for up to 5 s.
+fn wait_for_a_free_slot(path: &PathBuf) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut s = unix(path);
+        s.write_all(br#"{"jsonrpc":"2.0","method":"echo","id":7}"#)
+            .unwrap();
+        let r = read_reply(&mut s);
+        if r["id"] == 7 && r.get("result").is_some() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the slot was never freed: {r}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn socket_is_created_0600_and_0660_for_a_group() {
     let path = socket_path("mode");
@@ -279,18 +295,7 @@ fn clients_that_take_no_replies_are_closed() {
         }
         1_000
     });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut next = unix(&path);
-        next.write_all(br#"{"jsonrpc":"2.0","method":"echo","id":7}"#)
-            .unwrap();
-        let r = read_reply(&mut next);
-        if r["id"] == 7 && r.get("result").is_some() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the slot was never freed: {r}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_a_free_slot(&path);
     let sent = writer.join().unwrap();
     assert!(
         sent < 1_000,
@@ -325,18 +330,7 @@ fn connection_count_is_bounded() {
     assert_closed(&mut c);
     drop(a);
     // The slot comes back once the server sees the hang-up.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut d = unix(&path);
-        d.write_all(br#"{"jsonrpc":"2.0","method":"echo","id":7}"#)
-            .unwrap();
-        let r = read_reply(&mut d);
-        if r["id"] == 7 && r.get("result").is_some() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "slot never freed: {r}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_a_free_slot(&path);
 }
 
 #[test]

@@ -53,23 +53,29 @@ fn port(svc: &str) -> Value {
     json!({"trtype": "LOOPBACK", "adrfam": "INTRA_HOST", "traddr": "local", "trsvcid": svc})
 }
 
-/// An ANA-reporting subsystem limited to 4 namespaces: namespace 1 in group 1 (the default),
-/// namespace 2 in group 3; listener A (port 1) optimized, B (port 2) created non-optimized.
-/// And a subsystem without ANA reporting.
-fn setup() -> Control {
+/// A control plane with the loopback transport and 64-block malloc bdevs `names`.
+fn with_bdevs(names: &[&str]) -> Control {
     let mut c = control();
     ok(
         &mut c,
         "nvmf_create_transport",
         json!({"trtype": "LOOPBACK"}),
     );
-    for name in ["Malloc0", "Malloc1", "Malloc2"] {
+    for name in names {
         ok(
             &mut c,
             "bdev_malloc_create",
             json!({"name": name, "num_blocks": 64, "block_size": 512}),
         );
     }
+    c
+}
+
+/// An ANA-reporting subsystem limited to 4 namespaces: namespace 1 in group 1 (the default),
+/// namespace 2 in group 3; listener A (port 1) optimized, B (port 2) created non-optimized.
+/// And a subsystem without ANA reporting.
+fn setup() -> Control {
+    let mut c = with_bdevs(&["Malloc0", "Malloc1", "Malloc2"]);
     ok(
         &mut c,
         "nvmf_create_subsystem",
@@ -444,17 +450,7 @@ fn saved_config_round_trips_groups_and_listener_states() {
 /// in use, instead of building an entry for each of four billion possible groups.
 #[test]
 fn listeners_of_a_subsystem_with_billions_of_groups_list_what_is_used() {
-    let mut c = control();
-    ok(
-        &mut c,
-        "nvmf_create_transport",
-        json!({"trtype": "LOOPBACK"}),
-    );
-    ok(
-        &mut c,
-        "bdev_malloc_create",
-        json!({"name": "Malloc0", "num_blocks": 64, "block_size": 512}),
-    );
+    let mut c = with_bdevs(&["Malloc0"]);
     let big = "nqn.2016-06.io.spdk:big";
     ok(
         &mut c,
@@ -496,19 +492,7 @@ fn listeners_of_a_subsystem_with_billions_of_groups_list_what_is_used() {
 /// possible, instead of being saved where it cannot load.
 #[test]
 fn saved_ana_groups_of_high_nsids_load_again() {
-    let mut c = control();
-    ok(
-        &mut c,
-        "nvmf_create_transport",
-        json!({"trtype": "LOOPBACK"}),
-    );
-    for name in ["Malloc0", "Malloc1", "Malloc2"] {
-        ok(
-            &mut c,
-            "bdev_malloc_create",
-            json!({"name": name, "num_blocks": 64, "block_size": 512}),
-        );
-    }
+    let mut c = with_bdevs(&["Malloc0", "Malloc1", "Malloc2"]);
     let open = "nqn.2016-06.io.spdk:open";
     ok(
         &mut c,
