@@ -160,14 +160,16 @@ fn a_controller_reset_disconnects_the_io_queues_over_rdma() {
     lab.assert_drained();
 }
 
-/// Hosts that never Connect and post no receives: each answers-refused command's response
-/// waits in RNR and holds its request slot, so once every slot is taken the next commands
-/// wait for one. Commands without in-capsule data give their capsule buffer back as they
-/// start waiting: eight such queues cannot take the capsule pool, and with it the SRQ's
-/// receives, from a host that behaves.
-#[test]
-fn waiting_commands_without_data_hold_no_capsule_buffer() {
-    let mut lab = SimLab::new(23);
+/// Eight hosts that never Connect and post no receives flood a queue each with commands
+/// made by `command`: each refused command's response waits in RNR and holds its request
+/// slot, so once every slot is taken the next commands wait for one. Then a host that
+/// behaves must be served at once: the waiting commands have not taken the capsule pool,
+/// and with it the SRQ's receives.
+fn a_flood_of_waiting_commands_leaves_the_receives_alone(
+    seed: u64,
+    command: impl Fn(u16) -> (Command, Data),
+) {
+    let mut lab = SimLab::new(seed);
     let hostile = lab.fabric.add_host(host_ip(2));
     let good = lab.fabric.add_host(host_ip(1));
     let (mut admin, cntlid) = admin_queue(&mut lab, &good);
@@ -182,8 +184,9 @@ fn waiting_commands_without_data_hold_no_capsule_buffer() {
         // Twice the depth fills the request slots with responses stuck in RNR; one depth
         // more waits for a slot.
         for cid in 0..3 * depth {
+            let (cmd, data) = command(cid);
             // With the SRQ empty the host's sends wait in RNR and its send queue fills.
-            if !q.try_submit(Command::flush(cid, 1), Data::None) {
+            if !q.try_submit(cmd, data) {
                 break;
             }
             lab.turns(2);
@@ -200,24 +203,56 @@ fn waiting_commands_without_data_hold_no_capsule_buffer() {
         r.recv_slots_waiting < 64,
         "receive slots wait for capsule buffers: {r:?}"
     );
-    // The host that behaves is served at once.
+    // The host that behaves is served at once, in-capsule data included.
+    io.data.write_at(4096, &[0x5A; 512]);
+    let write = Data::InCapsule {
+        offset: 4096,
+        len: 512,
+    };
+    io.submit(write_cmd(6, 0, 1), write);
     io.submit(read_cmd(7, 0, 1), keyed(0, 512));
-    let mut done = None;
+    let mut done = Vec::new();
     for _ in 0..100 {
         lab.run_for(Duration::from_millis(1), Duration::from_millis(1));
-        done = io.poll().into_iter().find(|c| c.cid.get() == 7);
-        if done.is_some() {
+        done.extend(io.poll());
+        if done.len() == 2 {
             break;
         }
     }
-    let c = done.expect("the good host's read waited behind the flood");
-    assert!(c.status().is_success(), "{c:?}");
+    assert_eq!(
+        done.len(),
+        2,
+        "the good host waited behind the flood: {done:?}"
+    );
+    assert!(done.iter().all(|c| c.status().is_success()), "{done:?}");
+    assert_eq!(data_bytes(&io, 0, 512), vec![0x5A; 512]);
     for mut q in flooders {
         q.disconnect();
     }
     io.disconnect();
     admin.disconnect();
     lab.assert_drained();
+}
+
+/// Commands without in-capsule data give their capsule buffer back as they start waiting.
+#[test]
+fn waiting_commands_without_data_hold_no_capsule_buffer() {
+    a_flood_of_waiting_commands_leaves_the_receives_alone(23, |cid| {
+        (Command::flush(cid, 1), Data::None)
+    });
+}
+
+/// Commands with in-capsule data keep their capsule buffers only up to a device-wide cap;
+/// past it their data is dropped and they are answered Command Interrupted (retried).
+#[test]
+fn waiting_in_capsule_commands_hold_a_bounded_share_of_capsule_buffers() {
+    a_flood_of_waiting_commands_leaves_the_receives_alone(24, |cid| {
+        let data = Data::InCapsule {
+            offset: 0,
+            len: 512,
+        };
+        (write_cmd(cid, 0, 1), data)
+    });
 }
 
 /// Defect 1 of issue 11, end to end: hosts that post no receives pin the large data pool

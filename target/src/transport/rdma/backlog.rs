@@ -104,9 +104,11 @@ impl Backlog {
     }
 
     /// The qpair is closing: waiting commands go unanswered, their capsule buffers back to
-    /// the pool.
-    pub fn clear(&mut self) {
+    /// the pool. Returns how many capsule buffers went back.
+    pub fn clear(&mut self) -> u32 {
+        let held = self.waiting.iter().filter(|w| w.capsule.is_some()).count();
         self.waiting.clear();
+        held as u32
     }
 }
 

@@ -183,10 +183,15 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 // other command gives it back to its receive slot now, or a host could take
                 // every capsule buffer (and so every host's receives) with commands its
                 // stalled responses leave waiting.
-                let capsule = if matches!(cmd.dptr.classify(), SglKind::InCapsule { .. }) {
+                let dev = &mut self.devices[d];
+                let in_capsule = matches!(cmd.dptr.classify(), SglKind::InCapsule { .. });
+                let capsule = if in_capsule && dev.backlog_capsules < dev.backlog_capsule_cap {
+                    dev.backlog_capsules += 1;
                     capsule
                 } else {
-                    self.devices[d].return_capsule(recv, capsule);
+                    // Without its capsule an in-capsule command fails Command Interrupted
+                    // when it starts (`fetch_data`).
+                    dev.return_capsule(recv, capsule);
                     None
                 };
                 let qp = self.qpairs[qi].as_mut().expect("checked above");
@@ -217,6 +222,9 @@ impl<V: Verbs> RdmaPollGroup<V> {
             };
             let w = qp.backlog.next().expect("not empty");
             let d = qp.dev;
+            if w.capsule.is_some() {
+                self.devices[d].backlog_capsules -= 1;
+            }
             self.begin(
                 d,
                 qi,

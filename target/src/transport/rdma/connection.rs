@@ -307,7 +307,8 @@ impl<V: Verbs> RdmaPollGroup<V> {
         qp.awaiting_read.clear();
         qp.acct.parked.iter_mut().for_each(VecDeque::clear);
         // Commands waiting for a slot go unanswered; their capsule buffers go back now.
-        qp.backlog.clear();
+        let held = qp.backlog.clear();
+        self.devices[qp.dev].backlog_capsules -= held;
         let marker = SendWr::send(wr_id(WrKind::Send, qp.gen, qi, DRAIN_SLOT), &[]);
         if qp.qp.post_send(&[marker]).is_ok() {
             qp.sq_used += 1;

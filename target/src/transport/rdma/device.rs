@@ -99,6 +99,13 @@ pub struct DeviceResources<V: Verbs> {
     /// eighth of the SRQ's depth, the spare half of the capsule pool shared by four); past
     /// that its in-capsule data is copied to a small buffer.
     pub share: [u32; 3],
+    /// Capsule buffers that commands waiting for a request slot hold for their in-capsule
+    /// data, over every qpair of the device, and the most they may (a quarter of the SRQ's
+    /// depth, half the pool's spare): past it a waiting command's data is dropped and the
+    /// command answered Command Interrupted, which the host retries, so stalled hosts
+    /// cannot take the receives of all.
+    pub backlog_capsules: u32,
+    pub backlog_capsule_cap: u32,
     /// Small buffers that deferred responses (`qpair::Deferral`) may still hold: an eighth
     /// of the small pool, at most [`DEFER_BUFFERS`]. Hosts that go idle right after reads
     /// cannot keep more than that from the others.
@@ -200,6 +207,8 @@ impl<V: Verbs> DeviceResources<V> {
                 (count / 4).max(16).min(count),
                 (srq_depth / 8).max(16),
             ],
+            backlog_capsules: 0,
+            backlog_capsule_cap: srq_depth / 4,
             defer_budget: (small_count / 8).min(DEFER_BUFFERS),
             defers,
             stats: DeviceStats::default(),

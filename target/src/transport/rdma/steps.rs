@@ -114,9 +114,11 @@ impl<V: Verbs> RequestTransport for RdmaPollGroup<V> {
                 if r.buf_class == Some(CAPSULE_CLASS as u8) {
                     return FetchStep::Done;
                 }
-                // `get_buffer` checked the bounds against what arrived.
+                // `get_buffer` checked the bounds against what arrived. No capsule: the
+                // command waited for a slot when too many capsule buffers were held by
+                // waiting commands, and its data was dropped; the host sends it again.
                 let (Some(mut whole), Some(buf)) = (r.capsule.take(), r.req.data.as_mut()) else {
-                    return FetchStep::Fail(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+                    return FetchStep::Fail(Status::COMMAND_INTERRUPTED);
                 };
                 let (from, n) = (offset as usize, buf.len());
                 // The capsule buffer holds the whole receive (its length is the pool's).
