@@ -140,7 +140,17 @@ impl LoopbackLab {
             }
             self.pg.poll();
         }
-        panic!("no response after {MAX_POLLS} polls: the target hung");
+        // Work off the reactor (a PTPL file's write and fsync on a busy machine) can take
+        // longer than the polls: wait in real time too, then give up.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            self.pg.poll();
+            if let Some(r) = q.poll() {
+                return r;
+            }
+        }
+        panic!("no response after {MAX_POLLS} polls and 10 s: the target hung");
     }
 
     /// Polls a few turns and reports whether a response showed up (for AERs).

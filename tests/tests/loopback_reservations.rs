@@ -995,6 +995,92 @@ fn persistence_feature_and_ptpl_across_a_restart() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Makes the PTPL writer's next write of `file` block: its temporary file becomes a FIFO
+/// nobody reads, so the writer's open waits. Returns the FIFO's path.
+fn block_ptpl_writes(file: &std::path::Path) -> String {
+    let fifo = format!("{}.tmp.{}", file.display(), std::process::id());
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {fifo}");
+    fifo
+}
+
+/// Lets the blocked write go on and fail (syncing a FIFO fails): a reader lets the writer's
+/// open return. Returns the response on `q` of the command that waited for that write.
+fn fail_blocked_write(lab: &mut LoopbackLab, fifo: &str, q: &LoopbackHostQueue) -> Response {
+    use std::os::unix::fs::OpenOptionsExt;
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(0o4000) // O_NONBLOCK: no writer needed to open
+        .open(fifo)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let done = loop {
+        if let Some(r) = lab.try_wait(q, 10) {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the failed write never settled");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    drop(reader);
+    done
+}
+
+/// A preempt whose PTPL write fails tells the preempted host nothing: its notice goes out
+/// only once the change is written. The same preempt, written, is told.
+#[test]
+fn a_notice_goes_out_only_for_a_change_that_was_written() {
+    let dir = tempdir("notice");
+    let file = dir.join("ns1.ptpl.json");
+    let mut lab = lab_with(Some(file.clone()));
+    let mut h = hosts(&mut lab);
+    assert_eq!(
+        register(&mut lab, &mut h.a, REGISTER | CPTPL_SET, 0, 1),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        register(&mut lab, &mut h.b, REGISTER, 0, 2),
+        Status::SUCCESS
+    );
+    let ro = T::WRITE_EXCLUSIVE_REGISTRANTS_ONLY;
+    assert_eq!(
+        acquire(&mut lab, &mut h.b, ACQUIRE, ro, 2, 0),
+        Status::SUCCESS
+    );
+    submit_aer(&mut h.b);
+
+    let fifo = block_ptpl_writes(&file);
+    let cid = h.a.cid();
+    let preempt = resv_cmd(
+        IoOpcode::RESERVATION_ACQUIRE,
+        cid,
+        PREEMPT | u32::from(T::EXCLUSIVE_ACCESS.0) << 8,
+    );
+    h.a.io[0].submit(in_capsule(preempt, keys(1, 2)));
+    assert!(aen(&mut lab, &h.b, Duration::from_millis(200)).is_none());
+    let done = fail_blocked_write(&mut lab, &fifo, &h.a.io[0]);
+    assert_eq!(done.cqe.status(), Status::INTERNAL_ERROR);
+    assert!(
+        aen(&mut lab, &h.b, Duration::from_millis(200)).is_none(),
+        "B heard of a preempt that did not happen"
+    );
+    assert_eq!(
+        report(&mut lab, &mut h.a).regs.len(),
+        2,
+        "B is still registered"
+    );
+
+    assert_eq!(
+        acquire(&mut lab, &mut h.a, PREEMPT, T::EXCLUSIVE_ACCESS, 1, 2),
+        Status::SUCCESS
+    );
+    assert!(aen(&mut lab, &h.b, Duration::from_secs(2)).is_some());
+    assert_eq!(report(&mut lab, &mut h.a).regs.len(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A PTPL write that cannot finish (its temporary file is a FIFO nobody reads, so the
 /// writer's open blocks) holds only the reservation command that made it: the reactor goes
 /// on serving I/O, reports and the other hosts, and the change is not seen before it is
@@ -1002,7 +1088,6 @@ fn persistence_feature_and_ptpl_across_a_restart() {
 /// one last written, and the next change is written as usual.
 #[test]
 fn a_stalled_ptpl_write_holds_only_its_own_command() {
-    use std::os::unix::fs::OpenOptionsExt;
     let dir = tempdir("stalled");
     let file = dir.join("ns1.ptpl.json");
     let mut lab = lab_with(Some(file.clone()));
@@ -1011,12 +1096,7 @@ fn a_stalled_ptpl_write_holds_only_its_own_command() {
         register(&mut lab, &mut h.a, REGISTER | CPTPL_SET, 0, 0xA1),
         Status::SUCCESS
     );
-    let fifo = format!("{}.tmp.{}", file.display(), std::process::id());
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success(), "mkfifo {fifo}");
+    let fifo = block_ptpl_writes(&file);
 
     let cid = h.b.cid();
     let cmd = resv_cmd(IoOpcode::RESERVATION_REGISTER, cid, REGISTER);
@@ -1042,21 +1122,7 @@ fn a_stalled_ptpl_write_holds_only_its_own_command() {
         "only A is written"
     );
 
-    // A reader lets the writer's open return; syncing a FIFO fails, and so does the write.
-    let reader = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(0o4000) // O_NONBLOCK: no writer needed to open
-        .open(&fifo)
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let done = loop {
-        if let Some(r) = lab.try_wait(&h.b.io[0], 10) {
-            break r;
-        }
-        assert!(Instant::now() < deadline, "the failed write never settled");
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    drop(reader);
+    let done = fail_blocked_write(&mut lab, &fifo, &h.b.io[0]);
     assert_eq!(done.cqe.status(), Status::INTERNAL_ERROR);
     assert_eq!(report(&mut lab, &mut h.c).regs.len(), 1);
     let saved: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
@@ -1094,5 +1160,44 @@ fn a_ptpl_file_belongs_to_one_namespace() {
     lab.target
         .add_namespace(NQN, ns(Some(dir.join("ns2.ptpl.json"))))
         .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Each namespace's PTPL file has its own writer: one whose file hangs holds back only its
+/// own namespace's reservation commands, not another tenant's.
+#[test]
+fn a_hung_ptpl_file_holds_back_only_its_namespace() {
+    let dir = tempdir("two-files");
+    let (first, second) = (dir.join("ns1.json"), dir.join("ns2.json"));
+    let mut lab = lab_with(Some(first.clone()));
+    lab.malloc("Malloc1", 64, BLOCK as u32);
+    let ns = NamespaceOptions {
+        bdev_name: "Malloc1".into(),
+        ptpl_file: Some(second.clone()),
+        ..Default::default()
+    };
+    assert_eq!(lab.target.add_namespace(NQN, ns).unwrap(), 2);
+    lab.pg.poll();
+    let mut h = hosts(&mut lab);
+    let register_on = |h: &mut HostController, nsid: u32, cdw10: u32, key: u64| {
+        let cid = h.cid();
+        let mut cmd = resv_cmd(IoOpcode::RESERVATION_REGISTER, cid, cdw10);
+        cmd.nsid.set(nsid);
+        in_capsule(cmd, keys(0, key))
+    };
+    for nsid in [1, 2] {
+        let c = register_on(&mut h.a, nsid, REGISTER | CPTPL_SET, 0xA1);
+        expect_ok(&h.a.io(&mut lab, 0, c));
+    }
+    let fifo = block_ptpl_writes(&first);
+    let c = register_on(&mut h.b, 1, REGISTER, 0xB1);
+    h.b.io[0].submit(c);
+    let c = register_on(&mut h.c, 2, REGISTER, 0xC1);
+    expect_ok(&h.c.io(&mut lab, 0, c));
+    assert!(lab.try_wait(&h.b.io[0], 100).is_none());
+    let done = fail_blocked_write(&mut lab, &fifo, &h.b.io[0]);
+    assert_eq!(done.cqe.status(), Status::INTERNAL_ERROR);
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&second).unwrap()).unwrap();
+    assert_eq!(saved["registrants"].as_array().unwrap().len(), 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -23,7 +23,7 @@ use crate::core::controller::{ControllerLocal, AER_LIMIT, ERROR_LOG_ENTRIES};
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, Request};
 use crate::core::subsystem::{SubsystemConfig, SubsystemId, SubsystemKind};
-use crate::core::CoreCtx;
+use crate::core::{CoreCtx, PersistWait};
 
 const IDENTIFY_LEN: u32 = 4096;
 /// IEEE OUI left zero: no registered vendor; hosts only display it.
@@ -530,7 +530,12 @@ fn set_features(core: &mut CoreCtx, q: &QueueState, req: &mut Request) -> Exec {
         return match reservation::set_feature(core, q, sf, req.cmd.nsid.get()) {
             Ok(tickets) if tickets.is_empty() => req.fail(Status::SUCCESS),
             Ok(tickets) => {
-                core.await_persisted(req.tag, tickets);
+                core.await_persisted(PersistWait {
+                    tag: req.tag,
+                    tickets,
+                    notices: Vec::new(),
+                    notices_about: None,
+                });
                 Exec::Pending
             }
             Err(status) => req.fail(status),

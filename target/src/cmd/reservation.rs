@@ -26,7 +26,7 @@ use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Prepared, Request};
 use crate::core::reservation::{Notice, ResvState, Ticket};
 use crate::core::subsystem::{Namespace, SubsystemId};
-use crate::core::CoreCtx;
+use crate::core::{CoreCtx, PersistWait};
 
 /// Controller ID reported for every registrant: registrations belong to hosts, and this is
 /// the dynamic controller model (NVMe 2.0 base, Figure 69; nvmet reports the same).
@@ -115,16 +115,21 @@ pub(crate) fn execute(
         ResvCmd::Report(rep) => return report(&ns.resv.state(), rep, req),
     };
     match result {
-        Ok(updated) => {
-            deliver(core, sid, &ns, &updated.notices);
-            match updated.persisting {
-                Some(ticket) => {
-                    core.await_persisted(req.tag, vec![ticket]);
-                    Exec::Pending
-                }
-                None => req.fail(Status::SUCCESS),
+        Ok(updated) => match updated.persisting {
+            Some(ticket) => {
+                core.await_persisted(PersistWait {
+                    tag: req.tag,
+                    tickets: vec![ticket],
+                    notices: updated.notices,
+                    notices_about: Some((sid, ns)),
+                });
+                Exec::Pending
             }
-        }
+            None => {
+                deliver(core, sid, &ns, &updated.notices);
+                req.fail(Status::SUCCESS)
+            }
+        },
         Err(status) => req.fail(status),
     }
 }
@@ -161,7 +166,7 @@ fn report(state: &ResvState, rep: ReservationReport, req: &mut Request) -> Exec 
 }
 
 /// Posts each notice to every live controller of its host that sees the namespace.
-fn deliver(core: &CoreCtx, sid: SubsystemId, ns: &Namespace, notices: &[Notice]) {
+pub(crate) fn deliver(core: &CoreCtx, sid: SubsystemId, ns: &Namespace, notices: &[Notice]) {
     if notices.is_empty() {
         return;
     }

@@ -24,7 +24,7 @@ use crate::core::controller::ControllerLocal;
 use crate::core::namespaces::{GroupNamespace, NamespaceTable, NsSlot};
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Op, Prepared, ReqTag, Request, Wakeup};
-use crate::core::reservation::Ticket;
+use crate::core::reservation::{Notice, Ticket};
 use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId};
 
 pub mod ana;
@@ -118,6 +118,17 @@ pub(crate) struct GroupSubsystem {
     pub namespaces: FxHashMap<u32, NsSlot>,
 }
 
+/// A reservation command waiting for the PTPL writer thread (see
+/// [`CoreCtx::await_persisted`]), with the notices its change raised: they go out only
+/// once the change is written, so no host hears of one that a failed write undid.
+pub(crate) struct PersistWait {
+    pub tag: ReqTag,
+    pub tickets: Vec<Arc<Ticket>>,
+    pub notices: Vec<Notice>,
+    /// The subsystem and namespace the notices are about (none for Set Features).
+    pub notices_about: Option<(SubsystemId, Arc<Namespace>)>,
+}
+
 /// Superseded keep-alive heap entries a reactor tolerates beyond one per controller before
 /// it drops them all (a few, so that a burst of Set Features does not rebuild the heap each
 /// time).
@@ -176,7 +187,7 @@ pub struct CoreCtx {
     wakeups: Vec<(ReqTag, Wakeup)>,
     /// Reservation commands whose new state the PTPL writer thread has yet to write: each
     /// completes when all its tickets settle (looked at every turn while there are any).
-    persist_waits: Vec<(ReqTag, Vec<Arc<Ticket>>)>,
+    persist_waits: Vec<PersistWait>,
     /// Reads and writes that finished before the clock moved past their start (completed in
     /// the step that submitted them): their latency is taken at the next reading, so a
     /// memory-backed bdev's I/O is not reported as taking no time at all. They all started at
@@ -499,10 +510,10 @@ impl CoreCtx {
         self.wakeups.push((tag, wakeup));
     }
 
-    /// Holds the (pending) command `tag` until every ticket settles: success if every
-    /// write reached the PTPL file, else Internal Error.
-    pub(crate) fn await_persisted(&mut self, tag: ReqTag, tickets: Vec<Arc<Ticket>>) {
-        self.persist_waits.push((tag, tickets));
+    /// Holds a (pending) reservation command until every ticket of `wait` settles: success
+    /// if every write reached the PTPL file, else Internal Error.
+    pub(crate) fn await_persisted(&mut self, wait: PersistWait) {
+        self.persist_waits.push(wait);
     }
 
     /// Wakes the commands whose PTPL writes are all done; returns how many.
@@ -513,20 +524,24 @@ impl CoreCtx {
         let mut i = 0;
         while i < self.persist_waits.len() {
             let outcome = self.persist_waits[i]
-                .1
+                .tickets
                 .iter()
                 .try_fold(true, |all, t| t.outcome().map(|written| all && written));
             let Some(written) = outcome else {
                 i += 1;
                 continue;
             };
-            let (tag, _) = self.persist_waits.swap_remove(i);
+            let wait = self.persist_waits.swap_remove(i);
             let status = if written {
+                // Only a change that happened is told to the hosts it concerns.
+                if let Some((sid, ns)) = &wait.notices_about {
+                    cmd::reservation::deliver(self, *sid, ns, &wait.notices);
+                }
                 Status::SUCCESS
             } else {
                 Status::INTERNAL_ERROR
             };
-            self.wake(tag, Wakeup::Finished { status, dw0: 0 });
+            self.wake(wait.tag, Wakeup::Finished { status, dw0: 0 });
             settled += 1;
         }
         settled

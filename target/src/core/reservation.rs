@@ -7,11 +7,11 @@
 //! [`ResvState`] behind an [`ArcSwap`], with a change counter beside it. A reservation
 //! command, which is rare, takes the namespace's writer lock, computes the next state from a
 //! copy, swaps it in and moves the counter on before the command completes, so every command
-//! submitted after that completion sees it. When PTPL is on, the state is handed to the PTPL
-//! writer thread instead (`reservation_writer.rs`), which swaps it in once the file holds it;
-//! the command waits pending meanwhile, and its reactor does not. Each reactor keeps the
-//! state it last loaded ([`ResvView`]): its I/O reads the counter (a plain load, no lock, no
-//! write) and loads the state again only when the counter moved. (An `ArcSwap` load per I/O
+//! submitted after that completion sees it. When PTPL is on, the state is handed to the
+//! namespace's PTPL writer thread instead (`reservation_writer.rs`), which swaps it in once
+//! the file holds it; the command waits pending meanwhile, and its reactor does not. Each
+//! reactor keeps the state it last loaded ([`ResvView`]): its I/O reads the counter (a plain
+//! load, no lock, no write) and loads the state again only when the counter moved. (An `ArcSwap` load per I/O
 //! writes the reader's debt slot, which writers also write, and cost some 70 instructions.)
 //!
 //! Hosts are named by their Host Identifier (the 128-bit host ID of Connect), so every
@@ -463,6 +463,9 @@ impl ResvState {
 /// the writer thread that installs what it wrote).
 pub struct NsReservation {
     shared: Arc<ResvShared>,
+    /// This namespace's PTPL writer thread, with a `ptpl_file`: dropped with the namespace,
+    /// which ends the thread once it has written what was queued.
+    writer: Option<std::sync::mpsc::Sender<Arc<ResvShared>>>,
 }
 
 pub(crate) struct ResvShared {
@@ -553,8 +556,10 @@ impl NsReservation {
             ptpl_file,
             bdev_uuid,
         };
+        let writer = shared.ptpl_file.is_some().then(writer::start_writer);
         Ok(Self {
             shared: Arc::new(shared),
+            writer,
         })
     }
 
@@ -616,7 +621,11 @@ impl NsReservation {
         w.queued.tickets.push(Arc::clone(&ticket));
         if !std::mem::replace(&mut w.queued.in_flight, true) {
             drop(w);
-            writer::schedule(Arc::clone(shared));
+            let thread = self
+                .writer
+                .as_ref()
+                .expect("only PTPL namespaces queue writes");
+            writer::schedule(thread, Arc::clone(shared));
         }
         Ok(Updated {
             notices,

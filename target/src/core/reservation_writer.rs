@@ -1,8 +1,10 @@
-//! Where a namespace's reservation changes reach its PTPL file: one background thread for
-//! the whole target, so a reactor never waits for `write` + `fsync` + `rename` + a directory
-//! sync. A reservation command that needs the file queues its new state and a [`Ticket`],
-//! goes pending, and completes when the ticket says how the write went; meanwhile its
-//! reactor serves everyone else (and a host flooding Register cannot stall it).
+//! Where a namespace's reservation changes reach its PTPL file: a thread of its own (one
+//! per namespace with a `ptpl_file`, started with it, ending with it), so a reactor never
+//! waits for `write` + `fsync` + `rename` + a directory sync, and a file that hangs (a dead
+//! NFS server, say) holds back only its own namespace. A reservation command that needs
+//! the file queues its new state and a [`Ticket`], goes pending, and completes when the
+//! ticket says how the write went; meanwhile its reactor serves everyone else (and a host
+//! flooding Register cannot stall it).
 //!
 //! Order: every namespace has at most one write in flight. A change made while one is in
 //! flight starts from the newest state (written or not) and waits for the next write, which
@@ -13,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use super::ptpl::store_ptpl;
 use super::ResvShared;
@@ -60,27 +62,25 @@ pub(super) struct Queued {
     pub in_flight: bool,
 }
 
-/// Hands namespace `shared` to the writer thread (its caller set `in_flight`).
-pub(super) fn schedule(shared: Arc<ResvShared>) {
-    static WRITER: OnceLock<Mutex<Sender<Arc<ResvShared>>>> = OnceLock::new();
-    let sender = WRITER.get_or_init(|| {
-        let (tx, rx) = channel::<Arc<ResvShared>>();
-        std::thread::Builder::new()
-            .name("nvmf-ptpl".into())
-            .spawn(move || {
-                for shared in rx {
-                    write_queued(&shared);
-                }
-            })
-            .expect("spawn the PTPL writer thread");
-        Mutex::new(tx)
-    });
-    let sent = sender
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .send(Arc::clone(&shared));
-    if sent.is_err() {
-        // The thread is gone (it never exits while the sender lives): fail what waits.
+/// Starts the writer thread of one namespace: it writes whatever namespace state it is
+/// handed, and ends once `Sender` is dropped (with its namespace) and its queue is empty.
+pub(super) fn start_writer() -> Sender<Arc<ResvShared>> {
+    let (tx, rx) = channel::<Arc<ResvShared>>();
+    std::thread::Builder::new()
+        .name("nvmf-ptpl".into())
+        .spawn(move || {
+            for shared in rx {
+                write_queued(&shared);
+            }
+        })
+        .expect("spawn a PTPL writer thread");
+    tx
+}
+
+/// Hands namespace `shared` to its writer thread (the caller set `in_flight`).
+pub(super) fn schedule(writer: &Sender<Arc<ResvShared>>, shared: Arc<ResvShared>) {
+    if writer.send(Arc::clone(&shared)).is_err() {
+        // The thread is gone (it never ends while the sender lives): fail what waits.
         fail_queued(&shared);
     }
 }
