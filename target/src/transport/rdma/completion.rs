@@ -185,7 +185,8 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 // stalled responses leave waiting.
                 let dev = &mut self.devices[d];
                 let in_capsule = matches!(cmd.dptr.classify(), SglKind::InCapsule { .. });
-                let capsule = if in_capsule && dev.backlog_capsules < dev.backlog_capsule_cap {
+                let room = dev.backlog_capsules < dev.backlog_capsule_cap;
+                let capsule = if in_capsule && capsule.is_some() && room {
                     dev.backlog_capsules += 1;
                     capsule
                 } else {
