@@ -379,6 +379,36 @@ fn discovery_log(lab: &mut LoopbackLab, hostnqn: &str) -> (u64, Vec<DiscoveryLog
     (header.genctr.get(), entries)
 }
 
+/// A discovery controller asks for Discovery Log Page Change notices.
+fn watch_discovery_changes(lab: &mut LoopbackLab, watcher: &mut HostController) {
+    let cid = watcher.cid();
+    expect_ok(&watcher.admin(
+        lab,
+        no_data(Command::set_features(
+            cid,
+            FeatureId::ASYNC_EVENT_CONFIGURATION,
+            AEC_DISCOVERY_LOG_CHANGE,
+            false,
+        )),
+    ));
+}
+
+/// The AER `aer` of `watcher` completes with a Discovery Log Page Change notice.
+fn expect_discovery_notice(lab: &mut LoopbackLab, watcher: &HostController, aer: u16) {
+    let r = lab
+        .try_wait(&watcher.admin, 200)
+        .expect("a Discovery Log Page Change notice");
+    assert_eq!(r.cqe.cid.get(), aer);
+    assert_eq!(
+        parse_async_event_dw0(expect_ok(&r).dw0.get()),
+        (
+            AsyncEventType::NOTICE,
+            AsyncNotice::DISCOVERY_LOG_CHANGE.0,
+            LogPageId::DISCOVERY
+        )
+    );
+}
+
 fn rdma(traddr: &str, trsvcid: &str) -> ListenAddress {
     ListenAddress {
         trtype: "RDMA".into(),
@@ -397,16 +427,7 @@ fn referrals_are_discovery_log_entries_for_every_host() {
     assert_eq!(before.len(), 1, "the subsystem's loopback listener");
 
     let mut watcher = linux_bring_up_as(&mut lab, DISCOVERY_NQN, 0, HOST_B);
-    let cid = watcher.cid();
-    expect_ok(&watcher.admin(
-        &mut lab,
-        no_data(Command::set_features(
-            cid,
-            FeatureId::ASYNC_EVENT_CONFIGURATION,
-            AEC_DISCOVERY_LOG_CHANGE,
-            false,
-        )),
-    ));
+    watch_discovery_changes(&mut lab, &mut watcher);
     let aer = submit_aer(&mut watcher);
     assert!(lab.try_wait(&watcher.admin, 50).is_none());
 
@@ -416,18 +437,7 @@ fn referrals_are_discovery_log_entries_for_every_host() {
         secure_channel: false,
     };
     assert!(lab.target.add_referral(to_discovery.clone()).unwrap());
-    let r = lab
-        .try_wait(&watcher.admin, 200)
-        .expect("discovery log change notice");
-    assert_eq!(r.cqe.cid.get(), aer);
-    assert_eq!(
-        parse_async_event_dw0(expect_ok(&r).dw0.get()),
-        (
-            AsyncEventType::NOTICE,
-            AsyncNotice::DISCOVERY_LOG_CHANGE.0,
-            LogPageId::DISCOVERY
-        )
-    );
+    expect_discovery_notice(&mut lab, &watcher, aer);
     let to_subsystem = Referral {
         address: rdma("10.0.0.3", "4420"),
         subnqn: "nqn.2016-06.io.spdk:elsewhere".into(),
@@ -484,16 +494,7 @@ fn referrals_are_discovery_log_entries_for_every_host() {
 fn discovery_change_notices_are_masked_until_the_log_is_read() {
     let mut lab = lab();
     let mut watcher = linux_bring_up_as(&mut lab, DISCOVERY_NQN, 0, HOST_B);
-    let cid = watcher.cid();
-    expect_ok(&watcher.admin(
-        &mut lab,
-        no_data(Command::set_features(
-            cid,
-            FeatureId::ASYNC_EVENT_CONFIGURATION,
-            AEC_DISCOVERY_LOG_CHANGE,
-            false,
-        )),
-    ));
+    watch_discovery_changes(&mut lab, &mut watcher);
     let referral = Referral {
         address: rdma("10.0.0.2", "8009"),
         subnqn: DISCOVERY_NQN.into(),
@@ -524,16 +525,5 @@ fn discovery_change_notices_are_masked_until_the_log_is_read() {
         ),
     ));
     assert!(lab.target.add_referral(referral).unwrap());
-    let r = lab
-        .try_wait(&watcher.admin, 200)
-        .expect("a notice after the log was read");
-    assert_eq!(r.cqe.cid.get(), second);
-    assert_eq!(
-        parse_async_event_dw0(expect_ok(&r).dw0.get()),
-        (
-            AsyncEventType::NOTICE,
-            AsyncNotice::DISCOVERY_LOG_CHANGE.0,
-            LogPageId::DISCOVERY
-        )
-    );
+    expect_discovery_notice(&mut lab, &watcher, second);
 }
