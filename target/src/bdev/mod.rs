@@ -25,6 +25,7 @@ mod file;
 pub mod malloc;
 pub mod null;
 pub mod registry;
+mod unavailable;
 pub mod uring;
 pub mod util;
 
@@ -37,6 +38,7 @@ pub use error_inject::ErrorBdev;
 pub use malloc::MallocBdev;
 pub use null::NullBdev;
 pub use registry::BdevRegistry;
+pub use unavailable::UnavailableChannel;
 pub use uring::UringBdev;
 
 /// What an I/O asks of the device.

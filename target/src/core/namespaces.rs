@@ -31,6 +31,9 @@ pub(crate) struct GroupNamespace {
     pub out: u32,
     /// The reservation state this reactor checks its I/O against.
     pub resv: ResvView,
+    /// Why the bdev channel failed to open here (`channel` then fails every I/O): the
+    /// errno and the message.
+    pub open_error: Option<(i32, String)>,
 }
 
 /// Where a request's namespace sits in its reactor's [`NamespaceTable`]. The default names

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
+use crate::bdev::{BdevChannel, UnavailableChannel};
 use crate::cmd;
 use crate::core::latency::NamespaceLatency;
 use crate::core::namespaces::{GroupNamespace, NsSlot};
@@ -39,25 +40,31 @@ impl CoreCtx {
                 }
                 None => {
                     changed.push(nsid);
-                    match ns.bdev.open_channel() {
-                        Ok(channel) => table.insert(GroupNamespace {
-                            ns: Arc::clone(ns),
-                            config: Arc::clone(&config),
-                            channel,
-                            retry: VecDeque::new(),
-                            latency: NamespaceLatency::default(),
-                            out: 0,
-                            resv: ns.resv.view(),
-                        }),
+                    // A channel that fails to open still installs the namespace, failing
+                    // its I/O: hosts were told of it, and the RPC that added it asks each
+                    // reactor (`namespace_open_error`) and takes it back out.
+                    let (channel, open_error) = match ns.bdev.open_channel() {
+                        Ok(channel) => (channel, None),
                         Err(e) => {
                             tracing::error!(
                                 nsid,
                                 bdev = ns.bdev.name(),
                                 "cannot open bdev channel: {e}"
                             );
-                            continue;
+                            let failed: Box<dyn BdevChannel> = Box::new(UnavailableChannel::new());
+                            (failed, Some((e.errno(), e.to_string())))
                         }
-                    }
+                    };
+                    table.insert(GroupNamespace {
+                        ns: Arc::clone(ns),
+                        config: Arc::clone(&config),
+                        channel,
+                        retry: VecDeque::new(),
+                        latency: NamespaceLatency::default(),
+                        out: 0,
+                        resv: ns.resv.view(),
+                        open_error,
+                    })
                 }
             };
             namespaces.insert(nsid, slot);
@@ -92,6 +99,13 @@ impl CoreCtx {
             self.notify_ana_change(old, &config);
         }
         self.notify_discovery_change();
+    }
+
+    /// Why namespace `nsid` of subsystem `id` has no working bdev channel on this reactor,
+    /// if it has none (its channel failed to open): the errno and the message.
+    pub fn namespace_open_error(&self, id: SubsystemId, nsid: u32) -> Option<(i32, String)> {
+        let slot = *self.subsystems.get(&id)?.namespaces.get(&nsid)?;
+        self.ns_table.get(slot)?.open_error.clone()
     }
 
     /// Fails this reactor's controllers of the subsystem whose host was removed from its

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::nvmf::{refuse_if, true_};
-use super::{check_tgt_name, einval, parse, Control};
+use super::{check_tgt_name, einval, parse, stats, Control};
 use crate::bdev::util;
 use crate::target::NamespaceOptions;
 
@@ -104,7 +104,41 @@ pub fn nvmf_subsystem_add_ns(c: &mut Control, params: Option<Value>) -> Result<V
             ptpl_file: ns.ptpl_file.map(std::path::PathBuf::from),
         },
     )?;
+    take_back_if_a_channel_failed(c, &p.nqn, nsid)?;
     Ok(json!(nsid))
+}
+
+/// Each reactor opens its own channel to the new namespace's bdev. One that failed (an AIO
+/// context or ring refused there) would leave the namespace failing every I/O of the hosts
+/// on that reactor: as SPDK fails the RPC when a poll group cannot get its channel, the
+/// namespace is removed again and the call fails with the reactor's reason. A reactor that
+/// does not answer in time cannot be told apart from a slow one: the namespace stays.
+fn take_back_if_a_channel_failed(c: &mut Control, nqn: &str, nsid: u32) -> Result<(), RpcError> {
+    let id = c.target.subsystem(nqn)?.id;
+    let answers = match stats::ask_groups(c, move |pg| pg.core.namespace_open_error(id, nsid)) {
+        Ok(answers) => answers,
+        Err(e) => {
+            tracing::warn!(
+                nqn,
+                nsid,
+                "cannot confirm the namespace's channels: {}",
+                e.message
+            );
+            return Ok(());
+        }
+    };
+    let Some((group, (errno, reason))) = answers
+        .into_iter()
+        .enumerate()
+        .find_map(|(group, a)| Some((group, a?)))
+    else {
+        return Ok(());
+    };
+    c.target.remove_namespace(nqn, nsid)?;
+    Err(RpcError::errno(
+        errno,
+        format!("namespace {nsid}: poll group {group} cannot open its bdev channel: {reason}"),
+    ))
 }
 
 #[derive(Debug, Deserialize)]

@@ -52,14 +52,15 @@ fn thread_id(index: usize) -> u64 {
 }
 
 /// Asks every poll group for `f`'s answer, in poll group order.
-fn ask_groups<T: Send + 'static>(
+pub fn ask_groups<T: Send + 'static>(
     c: &Control,
-    f: fn(&mut PollGroup) -> T,
+    f: impl Fn(&mut PollGroup) -> T + Clone + Send + 'static,
 ) -> Result<Vec<T>, RpcError> {
     let (tx, rx) = crossbeam::channel::unbounded::<(usize, T)>();
     let groups = c.target.poll_groups();
     for pg in groups {
         let tx = tx.clone();
+        let f = f.clone();
         pg.send(move |pg| {
             let _ = tx.send((pg.core.group, f(pg)));
         });
