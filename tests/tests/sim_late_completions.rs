@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use nvmf_common::rdma::VerbsQp;
+use nvmf_common::spec::Status;
 use nvmf_tests::sim::*;
 
 const BLOCK: usize = 4096;
@@ -175,5 +176,114 @@ fn a_host_past_its_queue_loses_it_and_the_capsules_of_its_waiting_commands_come_
     good.disconnect();
     admin.disconnect();
     bad_admin.disconnect();
+    lab.assert_drained();
+}
+
+/// Hosts that take no responses fill their request slots, then send a queue's worth more
+/// in-capsule writes each, which wait for a slot. Only a quarter of the SRQ's capsule buffers
+/// may wait so (the device's cap): the writes past it lose their data and, once the hosts
+/// receive again, are answered Command Interrupted, which the host retries; they wrote
+/// nothing. Every other write completes with its data in place.
+#[test]
+fn waiting_in_capsule_writes_past_the_capsule_cap_are_answered_command_interrupted() {
+    let mut lab = SimLab::new(73);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (mut admin, cntlid) = admin_queue(&mut lab, &host);
+    let depth = 32u16;
+    let queues = 4u16;
+    let mut stalled: Vec<HostQueue> = (1..=queues)
+        .map(|qid| {
+            stalled_io_queue(
+                &mut lab,
+                &host,
+                cntlid,
+                qid,
+                depth,
+                usize::from(depth) * BLOCK,
+            )
+        })
+        .collect();
+    // Queue q's command i writes 4 KiB at slot q * 3 * depth + i (of 512 in the 2 MiB
+    // namespace) with its own pattern.
+    let lba = |q: usize, cid: u16| (q as u64 * 3 * u64::from(depth) + u64::from(cid)) * 8;
+    let seed = |q: usize, cid: u16| (q * 131 + usize::from(cid)) as u8;
+    let mut sent = vec![0u16; stalled.len()];
+    let mut send = |lab: &mut SimLab, q: usize, io: &mut HostQueue, n: u16| {
+        for _ in 0..n {
+            let cid = sent[q];
+            let off = usize::from(cid % depth) * BLOCK;
+            io.data.write_at(off, &pattern(seed(q, cid), BLOCK));
+            let data = Data::InCapsule {
+                offset: off,
+                len: 4096,
+            };
+            io.submit(write_cmd(cid, lba(q, cid), 8), data);
+            sent[q] += 1;
+            lab.run_for(Duration::from_micros(200), Duration::from_micros(100));
+        }
+        lab.run_for(Duration::from_millis(5), Duration::from_micros(100));
+    };
+    for (q, io) in stalled.iter_mut().enumerate() {
+        send(&mut lab, q, io, 2 * depth);
+    }
+    for (q, io) in stalled.iter_mut().enumerate() {
+        send(&mut lab, q, io, depth - 1);
+    }
+    // Nothing else holds a buffer: the waiting writes' capsules are all that is out.
+    let r = lab.resources(0);
+    let (waiting, holding) = (r.backlog, r.buffers_out);
+    assert_eq!(
+        r.qpairs,
+        1 + usize::from(queues),
+        "a host within its queue lost it: {r:?}"
+    );
+    assert!(waiting > 64, "the writes did not wait past the cap: {r:?}");
+    assert_eq!(holding, 64, "a quarter of the 256-deep SRQ may wait: {r:?}");
+
+    // The hosts receive again: every command is answered.
+    let mut done: Vec<Vec<_>> = vec![Vec::new(); stalled.len()];
+    for io in &mut stalled {
+        io.repost = true;
+        io.post_missing_receives();
+    }
+    lab.until(200_000, |_| {
+        for (q, io) in stalled.iter_mut().enumerate() {
+            done[q].extend(io.poll());
+        }
+        done.iter()
+            .zip(&sent)
+            .all(|(d, &n)| d.len() == usize::from(n))
+    });
+    let mut interrupted = Vec::new();
+    for (q, completions) in done.iter().enumerate() {
+        for c in completions {
+            let cid = c.cid.get();
+            if c.status() == Status::COMMAND_INTERRUPTED {
+                interrupted.push((q, cid));
+            } else {
+                assert!(c.status().is_success(), "queue {q}: {c:?}");
+            }
+        }
+    }
+    assert_eq!(interrupted.len(), waiting - holding, "{interrupted:?}");
+    // What each write left on the namespace: its pattern, or nothing if it was interrupted.
+    let mut reader = io_queue_qid(&mut lab, &host, cntlid, queues + 1, 8, BLOCK);
+    for (q, &n) in sent.iter().enumerate() {
+        for cid in 0..n {
+            let c = reader.run(&mut lab, read_cmd(0x100, lba(q, cid), 8), keyed(0, 4096));
+            assert!(c.status().is_success(), "{c:?}");
+            let want = if interrupted.contains(&(q, cid)) {
+                vec![0; BLOCK]
+            } else {
+                pattern(seed(q, cid), BLOCK)
+            };
+            assert!(data_bytes(&reader, 0, BLOCK) == want, "queue {q} cid {cid}");
+        }
+    }
+    reader.disconnect();
+    for mut io in stalled {
+        io.disconnect();
+    }
+    admin.disconnect();
     lab.assert_drained();
 }
