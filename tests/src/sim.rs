@@ -322,6 +322,12 @@ impl SimLab {
         }
         let (connected, _) = self.target.info.qpair_limits.connected(HOSTNQN);
         assert_eq!(connected, 0, "queue pairs still counted as connected");
+        // Nor does the acceptor remember a connection's reactor.
+        assert_eq!(
+            self.transport.connections_tracked(),
+            0,
+            "the acceptor still tracks connections"
+        );
     }
 }
 
@@ -396,6 +402,31 @@ pub struct HostQueue {
     pub send_errors: Vec<WcStatus>,
 }
 
+/// A queue set up to connect ([`HostQueue::prepare_connect`]).
+pub struct PendingConnect {
+    queue: HostQueue,
+    private_data: Vec<u8>,
+}
+
+impl PendingConnect {
+    /// Sends the connect request, without turning the lab.
+    pub fn send(&self, lab: &SimLab) {
+        self.queue
+            .id
+            .connect(&ConnParams {
+                initiator_depth: 16,
+                responder_resources: lab.host_read_credits,
+                ..ConnParams::with_private_data(&self.private_data)
+            })
+            .expect("connect");
+    }
+
+    /// Turns the lab until the target answers: the connected queue, or why it was refused.
+    pub fn established(self, lab: &mut SimLab) -> Result<HostQueue, Refused> {
+        self.queue.established(lab)
+    }
+}
+
 impl HostQueue {
     /// Connects queue `qid` of `depth` entries to the lab's target from host `verbs`, and
     /// posts `depth` receives. Turns the lab while waiting.
@@ -422,6 +453,22 @@ impl HostQueue {
         recvs: usize,
         private: impl FnOnce(&RdmaCmRequest) -> Vec<u8>,
     ) -> Result<Self, Refused> {
+        let pending = Self::prepare(lab, verbs, qid, depth, data_len, recvs, private);
+        pending.send(lab);
+        pending.established(lab)
+    }
+
+    /// Sets the queue up (address and route resolved, receives posted) to send its connect
+    /// request when told.
+    fn prepare(
+        lab: &mut SimLab,
+        verbs: &SimVerbs,
+        qid: u16,
+        depth: u16,
+        data_len: usize,
+        recvs: usize,
+        private: impl FnOnce(&RdmaCmRequest) -> Vec<u8>,
+    ) -> PendingConnect {
         let channel = verbs.event_channel().expect("event channel");
         let id = channel.create_id().expect("cm id");
         let dst = SocketAddr::new(target_ip(), PORT);
@@ -477,17 +524,34 @@ impl HostQueue {
         }
         let req = RdmaCmRequest::new(qid, depth, depth - 1);
         let private_data = private(&req);
-        q.id.connect(&ConnParams {
-            initiator_depth: 16,
-            responder_resources: lab.host_read_credits,
-            ..ConnParams::with_private_data(&private_data)
+        PendingConnect {
+            queue: q,
+            private_data,
+        }
+    }
+
+    /// [`connect`](Self::connect) up to the connect request, which
+    /// [`PendingConnect::send`] sends; the lab does not turn in between, so several sent
+    /// one after another reach the target together.
+    pub fn prepare_connect(
+        lab: &mut SimLab,
+        verbs: &SimVerbs,
+        qid: u16,
+        depth: u16,
+    ) -> PendingConnect {
+        Self::prepare(lab, verbs, qid, depth, 8192, usize::from(depth), |req| {
+            req.as_bytes().to_vec()
         })
-        .expect("connect");
+    }
+
+    /// Turns the lab until the target answers the connect request.
+    fn established(mut self, lab: &mut SimLab) -> Result<Self, Refused> {
+        let q = &mut self;
         let ev = next_event(lab, &q.channel);
         match ev.kind {
             CmEventKind::Established => {
                 q.target_qp_num = ev.conn.qp_num;
-                Ok(q)
+                Ok(self)
             }
             CmEventKind::Rejected => {
                 let nvmf_status = if ev.private_data.len() >= 4 {

@@ -1262,3 +1262,59 @@ fn writes_of_a_host_that_takes_no_responses_hold_no_data_buffer() {
     hostile_admin.disconnect();
     lab.assert_drained();
 }
+
+/// A burst of connect requests, all read by the acceptor before any reactor ran, cannot
+/// pass `max_qpairs` together: each counts against the limit from the moment it is handed
+/// to a reactor. The refused ones leave nothing behind in the acceptor either.
+#[test]
+fn a_burst_of_connects_cannot_pass_max_qpairs_together() {
+    use std::sync::atomic::Ordering;
+    let mut lab = SimLab::new(13);
+    lab.pgs[0]
+        .core
+        .info
+        .qpair_limits
+        .max_total
+        .store(3, Ordering::Relaxed);
+    let host = lab.fabric.add_host(host_ip(1));
+    let pending: Vec<PendingConnect> = (0..6)
+        .map(|_| HostQueue::prepare_connect(&mut lab, &host, 0, 8))
+        .collect();
+    for p in &pending {
+        p.send(&lab);
+    }
+    // The reactor is busy while the acceptor reads all six requests.
+    let mut read = 0;
+    for _ in 0..1000 {
+        lab.fabric.step();
+        read += lab.transport.acceptor_turn(Duration::ZERO);
+        if read == 6 {
+            break;
+        }
+    }
+    assert_eq!(read, 6, "the acceptor did not get the burst");
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for p in pending {
+        match p.established(&mut lab) {
+            Ok(q) => accepted.push(q),
+            Err(Refused::Rejected { nvmf_status, .. }) => {
+                assert_eq!(nvmf_status, RdmaCmRejectStatus::NO_RESOURCES.0);
+                refused += 1;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((accepted.len(), refused), (3, 3));
+    assert_eq!(lab.resources(0).qpairs, 3);
+    lab.turns(10);
+    assert_eq!(
+        lab.transport.connections_tracked(),
+        3,
+        "the acceptor remembers refused connections"
+    );
+    for mut q in accepted {
+        q.disconnect();
+    }
+    lab.assert_drained();
+}

@@ -168,6 +168,10 @@ impl<V: Verbs> RdmaPollGroup<V> {
         self.by_qp_num.insert(qp_key(dev_index, qp.qp_num()), qi);
         self.by_token.insert(token, qi);
         tracing::debug!(qid = conn.qid, depth, peer = %conn.peer, qp_num = qp.qp_num(), "RDMA qpair accepted");
+        // Counted in this reactor's load before it stops counting as accepting.
+        self.load.fetch_add(1, Ordering::Relaxed);
+        let mut ticket = conn.ticket;
+        ticket.taken();
         self.qpairs[qi] = Some(Qpair {
             gen,
             dev: dev_index,
@@ -203,13 +207,13 @@ impl<V: Verbs> RdmaPollGroup<V> {
             send_with_invalidate,
             broken: false,
             watched: true,
+            _ticket: ticket,
         });
         self.watch.push((qi, gen));
         // A qpair is on the list at most once: with room for every one, `watch` never
         // allocates on the I/O path.
         self.watch
             .reserve(self.qpairs.len().saturating_sub(self.watch.len()));
-        self.load.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crossbeam::queue::SegQueue;
+
 use nvmf_common::rdma::{
     CmEvent, CmEventKind, CmIdToken, RealVerbs, Verbs, VerbsChannel, VerbsCmId, VerbsContext,
 };
@@ -54,6 +56,8 @@ pub struct NewConnection<V: Verbs = RealVerbs> {
     /// RDMA queue pairs of this transport (every reactor, Connect or not) when the request
     /// came: checked against the target's `max_qpairs` before a QP is made.
     pub qpairs_now: usize,
+    /// The acceptor's record of this connection: the qpair keeps it while it lives.
+    pub ticket: AcceptorTicket,
 }
 
 struct GroupEntry {
@@ -71,6 +75,14 @@ struct Shared<V: Verbs> {
     /// asynchronous events and hands them to the poll groups.
     devices: Mutex<Vec<Arc<V::Context>>>,
     groups: Mutex<Vec<GroupEntry>>,
+    /// Connections handed to a reactor that it has not yet taken or refused: counted with
+    /// the reactors' loads against `max_qpairs`, so a burst of connect requests (all read
+    /// before any reactor ran) cannot pass the limit together.
+    accepting: Arc<AtomicUsize>,
+    /// Connections whose CM id a reactor refused or destroyed (`(id, serial)`): events for
+    /// them will never be read (destroying an id discards its unread events), so the
+    /// acceptor forgets their owner when it reads this.
+    gone: Arc<SegQueue<(CmIdToken, u64)>>,
     stop: AtomicBool,
 }
 
@@ -88,8 +100,22 @@ pub enum AcceptorMode {
 /// where the next admin queue goes.
 #[derive(Default)]
 struct AcceptorState {
-    owners: HashMap<CmIdToken, (PollGroupHandle, u8)>,
+    /// Each connection's reactor and transport index, and the serial that tells this
+    /// connection from a later one whose id reuses the address (`gone`).
+    owners: HashMap<CmIdToken, (PollGroupHandle, u8, u64)>,
     next_admin_group: usize,
+    next_serial: u64,
+}
+
+impl AcceptorState {
+    /// Forgets the connections reactors refused or destroyed since the last turn.
+    fn forget_gone<V: Verbs>(&mut self, shared: &Shared<V>) {
+        while let Some((token, serial)) = shared.gone.pop() {
+            if self.owners.get(&token).is_some_and(|o| o.2 == serial) {
+                self.owners.remove(&token);
+            }
+        }
+    }
 }
 
 pub struct RdmaTransport<V: Verbs = RealVerbs> {
@@ -127,6 +153,8 @@ impl<V: Verbs> RdmaTransport<V> {
             listeners: Mutex::new(HashMap::new()),
             devices: Mutex::new(Vec::new()),
             groups: Mutex::new(Vec::new()),
+            accepting: Arc::new(AtomicUsize::new(0)),
+            gone: Arc::new(SegQueue::new()),
             stop: AtomicBool::new(false),
         });
         let thread = match mode {
@@ -162,6 +190,14 @@ impl<V: Verbs> RdmaTransport<V> {
             wait = Duration::ZERO;
         }
         handled
+    }
+
+    /// Connections the acceptor in [`AcceptorMode::Driven`] knows the reactor of (for
+    /// tests: it forgets each once its id is gone).
+    pub fn connections_tracked(&self) -> usize {
+        let mut state = self.driven.lock().unwrap_or_else(|e| e.into_inner());
+        state.forget_gone(&self.shared);
+        state.owners.len()
     }
 }
 
@@ -385,6 +421,7 @@ fn acceptor_turn<V: Verbs>(
     state: &mut AcceptorState,
     timeout: Duration,
 ) -> bool {
+    state.forget_gone(shared);
     let event = match shared.channel.next_event(timeout) {
         Ok(Some(e)) => e,
         Ok(None) => return false,
@@ -397,7 +434,7 @@ fn acceptor_turn<V: Verbs>(
     match event.kind {
         CmEventKind::ConnectRequest => on_connect_request(shared, event, state),
         kind => {
-            let Some((handle, tidx)) = state.owners.get(&event.id).cloned() else {
+            let Some((handle, tidx, _)) = state.owners.get(&event.id).cloned() else {
                 return true;
             };
             if matches!(
@@ -480,11 +517,22 @@ fn on_connect_request<V: Verbs>(
             .min_by_key(|&i| groups[i].load.load(Ordering::Relaxed))
             .expect("non-empty")
     };
-    let qpairs_now = groups.iter().map(|g| g.load.load(Ordering::Relaxed)).sum();
+    // A reactor counts a connection in its load before it stops counting it as accepting:
+    // this sum may count one twice for a moment, never zero times.
+    let loads: usize = groups.iter().map(|g| g.load.load(Ordering::Relaxed)).sum();
+    let qpairs_now = loads + shared.accepting.fetch_add(1, Ordering::AcqRel);
     let entry = &groups[chosen];
     let (handle, tidx) = (entry.handle.clone(), entry.transport_index);
     drop(groups);
-    state.owners.insert(id.token(), (handle.clone(), tidx));
+    let (token, serial) = (id.token(), state.next_serial);
+    state.next_serial += 1;
+    state.owners.insert(token, (handle.clone(), tidx, serial));
+    let ticket = AcceptorTicket {
+        accepting: Some(Arc::clone(&shared.accepting)),
+        gone: Arc::clone(&shared.gone),
+        token,
+        serial,
+    };
     let conn = NewConnection {
         id,
         qid,
@@ -494,6 +542,7 @@ fn on_connect_request<V: Verbs>(
         responder_resources: event.conn.responder_resources,
         initiator_depth: event.conn.initiator_depth,
         qpairs_now,
+        ticket,
     };
     handle.send(move |pg| {
         pg.with_transport(usize::from(tidx), move |t, core| {
@@ -507,6 +556,33 @@ fn on_connect_request<V: Verbs>(
             }
         });
     });
+}
+
+/// The acceptor's record of a connection it handed to a reactor. Until the reactor takes
+/// or refuses it, the connection counts as accepting (against `max_qpairs`); the qpair
+/// keeps the ticket, and when it drops (the qpair and its CM id gone, or the connection
+/// refused, or its message dropped with the reactor) the acceptor learns to forget it.
+pub struct AcceptorTicket {
+    accepting: Option<Arc<AtomicUsize>>,
+    gone: Arc<SegQueue<(CmIdToken, u64)>>,
+    token: CmIdToken,
+    serial: u64,
+}
+
+impl AcceptorTicket {
+    /// The reactor counts the connection in its load now: it no longer counts as accepting.
+    pub(super) fn taken(&mut self) {
+        if let Some(accepting) = self.accepting.take() {
+            accepting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for AcceptorTicket {
+    fn drop(&mut self) {
+        self.taken();
+        self.gone.push((self.token, self.serial));
+    }
 }
 
 #[cfg(test)]

@@ -79,6 +79,8 @@ pub(super) struct Qpair<V: Verbs> {
     /// On the poll group's watch list: the housekeeping tick looks at this qpair (it is
     /// unconnected, closing, broken, or has transfers in flight). Idle qpairs are not on it.
     pub watched: bool,
+    /// Tells the acceptor, when the qpair (and its CM id) is gone, to forget it.
+    pub _ticket: super::AcceptorTicket,
 }
 
 impl<V: Verbs> RequestSlots for Qpair<V> {
