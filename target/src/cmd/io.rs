@@ -290,34 +290,43 @@ fn dataset_management(core: &mut CoreCtx, ns: DsmTarget, dsm: Dsm, req: &mut Req
     if !dsm.attr_deallocate {
         return req.fail(Status::SUCCESS);
     }
-    // Two passes over the host's range list, no allocation: validate every range first so a
-    // bad one fails the command before anything is deallocated, then submit.
-    let ranges = || {
-        req.data()
-            .chunks_exact(DSM_RANGE_LEN as usize)
-            .take(dsm.nr as usize)
-            .map(|chunk| DsmRange::read_from_bytes(chunk).expect("chunk is exactly one range"))
-            .map(|r| (r.slba.get(), u64::from(r.nlb.get())))
-    };
-    let mut count = 0u32;
-    for (slba, nlb) in ranges() {
+    // No allocation: every range is checked first, so a bad one fails the command before
+    // anything is deallocated, then the merged ranges are submitted.
+    let ranges = req
+        .data()
+        .chunks_exact(DSM_RANGE_LEN as usize)
+        .take(dsm.nr as usize)
+        .map(|chunk| DsmRange::read_from_bytes(chunk).expect("chunk is exactly one range"))
+        .map(|r| (r.slba.get(), u64::from(r.nlb.get())));
+    // The ranges are merged where they overlap or touch, on the stack (a command carries at
+    // most 256): deallocating is work the backend does per block (AIO and the RAM disk
+    // write or clear every one), and 256 copies of the whole namespace in one 4 KiB command
+    // would make a host's one command cost 256 times the device.
+    let mut spans = [(0u64, 0u64); MAX_DSM_RANGES];
+    let mut count = 0;
+    for (slba, nlb) in ranges {
         if let Err(status) = check_range(ns.num_blocks, slba, nlb) {
             return req.fail(status);
         }
-        count += u32::from(nlb > 0);
+        if nlb > 0 && count < MAX_DSM_RANGES {
+            // Within the namespace (checked): the end does not overflow.
+            spans[count] = (slba, slba + nlb);
+            count += 1;
+        }
     }
-    if count == 0 || !ns.unmap {
+    let spans = merge_spans(&mut spans[..count]);
+    if spans.is_empty() || !ns.unmap {
         return req.fail(Status::SUCCESS);
     }
     let tag = req.tag.0;
-    let mut outstanding = count;
+    let mut outstanding = spans.len() as u32;
     let mut first_error = None;
-    for (slba, nlb) in ranges().filter(|&(_, nlb)| nlb > 0) {
+    for &(start, end) in spans.iter() {
         let io = BdevIo {
             tag,
             kind: IoKind::Unmap,
-            offset_blocks: slba,
-            num_blocks: nlb,
+            offset_blocks: start,
+            num_blocks: end - start,
             buf: None,
             fua: ns.fua,
         };
@@ -333,6 +342,27 @@ fn dataset_management(core: &mut CoreCtx, ns: DsmTarget, dsm: Dsm, req: &mut Req
         return req.fail(status);
     }
     Exec::Pending
+}
+
+/// The most ranges a Dataset Management command carries (NR is 0-based, 8 bits).
+const MAX_DSM_RANGES: usize = 256;
+
+/// Sorts `[start, end)` spans and merges those that overlap or touch, in place; returns the
+/// merged ones, in order.
+fn merge_spans(spans: &mut [(u64, u64)]) -> &[(u64, u64)] {
+    spans.sort_unstable();
+    let mut merged = 0;
+    for i in 0..spans.len() {
+        let (start, end) = spans[i];
+        if merged > 0 && start <= spans[merged - 1].1 {
+            let last = &mut spans[merged - 1];
+            last.1 = last.1.max(end);
+        } else {
+            spans[merged] = (start, end);
+            merged += 1;
+        }
+    }
+    &spans[..merged]
 }
 
 pub(crate) fn on_bdev_complete(
@@ -381,5 +411,26 @@ pub(crate) fn on_bdev_complete(
             }
             req.fail(status)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_spans;
+
+    #[test]
+    fn dsm_spans_merge_where_they_overlap_or_touch() {
+        let mut spans = [
+            (100, 104),
+            (0, 10),
+            (5, 15),
+            (100, 101),
+            (15, 16),
+            (200, 201),
+        ];
+        assert_eq!(merge_spans(&mut spans), [(0, 16), (100, 104), (200, 201)]);
+        let mut same = [(0, 1024); 256];
+        assert_eq!(merge_spans(&mut same), [(0, 1024)]);
+        assert!(merge_spans(&mut []).is_empty());
     }
 }
