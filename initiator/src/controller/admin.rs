@@ -255,7 +255,8 @@ impl<V: Verbs> Admin<V> {
         max_xfer: u32,
         what: &str,
     ) -> Result<Vec<u8>> {
-        let chunk = ADMIN_DATA_LEN.min(max_xfer as usize) & !3;
+        // At least a dword a command, whatever the target's MDTS: a chunk of 0 would loop.
+        let chunk = (ADMIN_DATA_LEN.min(max_xfer as usize) & !3).max(4);
         let mut out = vec![0u8; len];
         let mut off = 0;
         while off < len {

@@ -31,8 +31,13 @@ impl ControllerInfo {
         if mdts == 0 {
             return KEYED_MAX_LENGTH;
         }
-        let page = 1u64 << (12 + u32::from(self.cap.mpsmin()));
-        (page << mdts).min(u64::from(KEYED_MAX_LENGTH)) as u32
+        // Both exponents are the target's: a sum past what a keyed SGL can describe (2^24
+        // bytes) is that cap, not a shift that overflows or wraps to nothing.
+        let exponent = 12 + u32::from(self.cap.mpsmin()) + u32::from(mdts);
+        1u64.checked_shl(exponent)
+            .map_or(KEYED_MAX_LENGTH, |bytes| {
+                bytes.min(u64::from(KEYED_MAX_LENGTH)) as u32
+            })
     }
 }
 
@@ -66,5 +71,14 @@ mod tests {
         assert_eq!(info(0, 0, 0).max_transfer(), KEYED_MAX_LENGTH);
         assert_eq!(info(5, 0, 0).max_transfer(), 128 * 1024);
         assert_eq!(info(20, 0, 0).max_transfer(), KEYED_MAX_LENGTH);
+        // A target's absurd MDTS: capped, never zero (every log read would loop) nor a
+        // shift overflow.
+        for mdts in [52, 60, 63, 64, 200, 255] {
+            assert_eq!(
+                info(mdts, 0, 0).max_transfer(),
+                KEYED_MAX_LENGTH,
+                "MDTS {mdts}"
+            );
+        }
     }
 }

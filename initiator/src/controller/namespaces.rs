@@ -22,6 +22,60 @@ pub struct NamespaceInfo {
     pub blocks: u64,
 }
 
+/// The block sizes an application can use: 512 B to 64 KiB (LBADS 9 to 16). Linux takes
+/// no more than its page size; a target stating 0-byte or 2 GiB blocks is refused here,
+/// before an application divides by it or sizes buffers from it.
+const LBADS_RANGE: std::ops::RangeInclusive<u8> = 9..=16;
+
+impl NamespaceInfo {
+    /// The facts of namespace `nsid` from its Identify data; None if it is not active.
+    pub fn from_identify(nsid: u32, ns: &IdentifyNamespace) -> Result<Option<Self>> {
+        let blocks = ns.nsze.get();
+        if blocks == 0 {
+            return Ok(None);
+        }
+        let lbads = ns.current_lbaf().lbads;
+        if !LBADS_RANGE.contains(&lbads) {
+            return Err(Error::Invalid(format!(
+                "namespace {nsid}: LBA data size 2^{lbads} bytes is not a block size this host supports"
+            )));
+        }
+        let block_size = 1u32 << lbads;
+        if blocks.checked_mul(u64::from(block_size)).is_none() {
+            return Err(Error::Invalid(format!(
+                "namespace {nsid}: {blocks} blocks of {block_size} bytes overflow a byte count"
+            )));
+        }
+        Ok(Some(Self {
+            nsid,
+            block_size,
+            blocks,
+        }))
+    }
+}
+
+/// The NSIDs of one page of the active namespace list (up to the first 0), asked for after
+/// `after`. The list is in increasing order, each ID above `after`: a target answering
+/// anything else (the same page again, say) would keep the caller asking for ever, the list
+/// growing.
+fn active_list_page(raw: &[u8], after: u32) -> Result<Vec<u32>> {
+    let page: Vec<u32> = raw
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .take_while(|&id| id != 0)
+        .collect();
+    let mut last = after;
+    for &id in &page {
+        if id <= last || id == u32::MAX {
+            return Err(Error::Invalid(format!(
+                "active namespace list: NSID {id} after {last} is out of order"
+            )));
+        }
+        last = id;
+    }
+    Ok(page)
+}
+
 impl<V: Verbs> Controller<V> {
     pub fn identify_namespace(&mut self, nsid: u32) -> Result<Box<IdentifyNamespace>> {
         let (_, raw) = self.admin_read(
@@ -44,13 +98,9 @@ impl<V: Verbs> Controller<V> {
                 4096,
                 "Identify Active Namespace List",
             )?;
-            let page: Vec<u32> = raw
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .take_while(|&id| id != 0)
-                .collect();
+            let page = active_list_page(&raw, after)?;
             let full = page.len() == 1024;
-            after = page.last().copied().unwrap_or(0);
+            after = page.last().copied().unwrap_or(after);
             ids.extend(page);
             if !full {
                 return Ok(ids);
@@ -61,14 +111,7 @@ impl<V: Verbs> Controller<V> {
     /// Block size and capacity of a namespace (None if it is not active).
     pub fn namespace(&mut self, nsid: u32) -> Result<Option<NamespaceInfo>> {
         let ns = self.identify_namespace(nsid)?;
-        if ns.nsze.get() == 0 {
-            return Ok(None);
-        }
-        Ok(Some(NamespaceInfo {
-            nsid,
-            block_size: ns.current_lbaf().block_size() as u32,
-            blocks: ns.nsze.get(),
-        }))
+        NamespaceInfo::from_identify(nsid, &ns)
     }
 
     /// Whether the controller reports Asymmetric Namespace Access (Identify CMIC bit 3).
@@ -128,5 +171,63 @@ impl<V: Verbs> Controller<V> {
             Err(e) => return Err(e),
         }
         Ok((ids, ns.anagrpid.get()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerocopy::FromZeros;
+
+    fn identify(nsze: u64, lbads: u8) -> IdentifyNamespace {
+        let mut ns = IdentifyNamespace::new_zeroed();
+        ns.nsze.set(nsze);
+        ns.lbaf[0].lbads = lbads;
+        ns
+    }
+
+    #[test]
+    fn block_sizes_a_target_states_are_checked() {
+        let info = NamespaceInfo::from_identify(1, &identify(1000, 12)).unwrap();
+        assert_eq!(
+            info,
+            Some(NamespaceInfo {
+                nsid: 1,
+                block_size: 4096,
+                blocks: 1000
+            })
+        );
+        assert_eq!(
+            NamespaceInfo::from_identify(1, &identify(0, 12)).unwrap(),
+            None
+        );
+        for lbads in [0, 8, 17, 31, 32, 63, 255] {
+            assert!(
+                NamespaceInfo::from_identify(1, &identify(1000, lbads)).is_err(),
+                "LBADS {lbads}"
+            );
+        }
+        assert!(NamespaceInfo::from_identify(1, &identify(u64::MAX, 12)).is_err());
+    }
+
+    fn list(ids: &[u32]) -> Vec<u8> {
+        let mut raw = vec![0u8; 4096];
+        for (i, id) in ids.iter().enumerate() {
+            raw[i * 4..i * 4 + 4].copy_from_slice(&id.to_le_bytes());
+        }
+        raw
+    }
+
+    #[test]
+    fn an_active_namespace_list_out_of_order_is_refused() {
+        assert_eq!(active_list_page(&list(&[1, 2, 7]), 0).unwrap(), [1, 2, 7]);
+        assert_eq!(active_list_page(&list(&[2000]), 1024).unwrap(), [2000]);
+        // A target that ignores the starting NSID and sends the same page again.
+        let full: Vec<u32> = (1..=1024).collect();
+        assert_eq!(active_list_page(&list(&full), 0).unwrap().len(), 1024);
+        assert!(active_list_page(&list(&full), 1024).is_err());
+        assert!(active_list_page(&list(&[3, 3]), 0).is_err());
+        assert!(active_list_page(&list(&[5, 4]), 0).is_err());
+        assert!(active_list_page(&list(&[u32::MAX]), 0).is_err());
     }
 }
