@@ -29,6 +29,7 @@
 //! are the provider's ([`Verbs::now`], [`Verbs::sleep`]), and so are its windows
 //! ([`Verbs::alloc_mw`]).
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +44,14 @@ use nvmf_common::spec::{Command, Completion, SglDescriptor};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::error::{Error, QueueFault, Result};
+
+/// A CID is the command's slot in its low bits and the slot's generation above them, as
+/// Linux's `nvme_cid` does: at most 4,096 slots a queue.
+const SLOT_BITS: u32 = 12;
+const SLOT_MASK: u16 = (1 << SLOT_BITS) - 1;
+const GEN_MASK: u16 = u16::MAX >> SLOT_BITS;
+/// The deepest queue a CID can number.
+pub(crate) const MAX_QUEUE_DEPTH: u16 = 1 << SLOT_BITS;
 
 const SQE_LEN: usize = 64;
 const CQE_LEN: usize = 16;
@@ -97,6 +106,10 @@ impl<V: Verbs> Copy for Data<'_, V> {}
 #[derive(Clone, Copy, Default)]
 struct Slot {
     busy: bool,
+    /// Bumped at each submission and carried in the CID's top bits: a response for an
+    /// earlier command in this slot (a target repeating or replaying one) is told apart from
+    /// the response of the command now in it.
+    gen: u16,
     send_done: bool,
     rsp: Option<Completion>,
     /// The key of the command's window while it may still be valid.
@@ -144,7 +157,8 @@ pub(crate) struct RdmaQueue<V: Verbs> {
     verbs: V,
     slots: Vec<Slot>,
     key_stats: KeyStats,
-    free: Vec<u16>,
+    /// Free slots, the longest free first: a slot is reused as late as possible.
+    free: VecDeque<u16>,
     wcs: [WorkCompletion; POLL_BATCH],
     qid: u16,
     depth: u16,
@@ -261,8 +275,10 @@ impl<V: Verbs> RdmaQueue<V> {
         windows: bool,
         timeout: Duration,
     ) -> Result<(Self, Arc<V::Pd>)> {
-        if depth < 2 {
-            return Err(Error::Invalid(format!("queue depth {depth} is below 2")));
+        if !(2..=MAX_QUEUE_DEPTH).contains(&depth) {
+            return Err(Error::Invalid(format!(
+                "queue depth {depth} is outside 2..={MAX_QUEUE_DEPTH}"
+            )));
         }
         let ch = verbs
             .event_channel()
@@ -351,7 +367,7 @@ impl<V: Verbs> RdmaQueue<V> {
             slots: vec![Slot::default(); usize::from(depth)],
             windows,
             key_stats: KeyStats::default(),
-            free: (0..depth).rev().collect(),
+            free: (0..depth).collect(),
             wcs: [WorkCompletion::default(); POLL_BATCH],
             qid,
             depth,
@@ -434,8 +450,8 @@ impl<V: Verbs> RdmaQueue<V> {
         Ok(())
     }
 
-    /// Sends `cmd` with `data`; sets its CID and SGL. Returns the CID, `Ok(None)` when every
-    /// slot is taken.
+    /// Sends `cmd` with `data`; sets its CID and SGL. Returns its slot (what
+    /// [`Self::poll`] names it by), `Ok(None)` when every slot is taken.
     pub(crate) fn submit(
         &mut self,
         cmd: &mut Command,
@@ -444,10 +460,11 @@ impl<V: Verbs> RdmaQueue<V> {
         if self.disconnected {
             return Err(QueueFault::Verb("queue is disconnected".into()));
         }
-        let Some(cid) = self.free.pop() else {
+        let Some(cid) = self.free.pop_front() else {
             return Ok(None);
         };
-        cmd.cid.set(cid);
+        let gen = self.slots[usize::from(cid)].gen.wrapping_add(1) & GEN_MASK;
+        cmd.cid.set(gen << SLOT_BITS | cid);
         let mut key = None;
         // The window bind to chain before the SEND, for `Data::Window`.
         let mut bind = None;
@@ -467,7 +484,7 @@ impl<V: Verbs> RdmaQueue<V> {
                 access,
             } => {
                 let Some(mw) = self.windows.get(usize::from(cid)) else {
-                    self.free.push(cid);
+                    self.free.push_back(cid);
                     return Err(QueueFault::Verb("this queue has no memory windows".into()));
                 };
                 let rkey = mw.next_rkey();
@@ -512,11 +529,12 @@ impl<V: Verbs> RdmaQueue<V> {
             None => self.qp.post_send(&[send]),
         };
         if let Err(e) = posted {
-            self.free.push(cid);
+            self.free.push_back(cid);
             return Err(QueueFault::Verb(e.to_string()));
         }
         self.slots[usize::from(cid)] = Slot {
             busy: true,
+            gen,
             send_done: false,
             rsp: None,
             key,
@@ -594,14 +612,18 @@ impl<V: Verbs> RdmaQueue<V> {
         let mut r = 0;
         for i in 0..n {
             let wr_id = self.wcs[i].wr_id();
-            let cid = if wr_id & RECV_BIT != 0 {
-                cqes[r].cid.get()
+            // Our own work requests name the slot; a response names the CID we sent.
+            let (cid, gen) = if wr_id & RECV_BIT != 0 {
+                let wire = cqes[r].cid.get();
+                (wire & SLOT_MASK, Some(wire >> SLOT_BITS))
             } else {
-                wr_id as u16
+                (wr_id as u16, None)
             };
-            let Some(slot) = self.slots.get_mut(usize::from(cid)).filter(|s| s.busy) else {
+            let outstanding = |s: &&mut Slot| s.busy && gen.is_none_or(|g| g == s.gen);
+            let Some(slot) = self.slots.get_mut(usize::from(cid)).filter(outstanding) else {
+                let named = gen.map_or(cid, |g| g << SLOT_BITS | cid);
                 return Err(QueueFault::Protocol(format!(
-                    "completion for CID {cid}, which is not outstanding"
+                    "completion for CID {named:#06x}, which is not outstanding"
                 )));
             };
             if wr_id & RECV_BIT != 0 {
@@ -647,8 +669,11 @@ impl<V: Verbs> RdmaQueue<V> {
                     .rsp
                     .take()
                     .expect("a finished command has its response");
-                *slot = Slot::default();
-                self.free.push(cid);
+                *slot = Slot {
+                    gen: slot.gen,
+                    ..Slot::default()
+                };
+                self.free.push_back(cid);
                 out[done] = (cid, cqe);
                 done += 1;
             }
@@ -739,6 +764,10 @@ impl<V: Verbs> Drop for RdmaQueue<V> {
         self.disconnect(Duration::ZERO);
     }
 }
+
+#[cfg(test)]
+#[path = "transport_tests.rs"]
+mod scripted_target_tests;
 
 #[cfg(test)]
 mod tests {
