@@ -171,8 +171,8 @@ fn run(
     q: &mut RdmaQueue<SimVerbs>,
     marker: u32,
 ) -> std::result::Result<(u16, Completion), QueueFault> {
+    // A Flush (opcode 0) carrying a marker the target echoes.
     let mut cmd = Command::default();
-    cmd.opcode = 0x00;
     cmd.cdw10.set(marker);
     let slot = q.submit(&mut cmd, Data::None)?.expect("a free slot");
     let mut out = [(0, Completion::default()); POLL_BATCH];
