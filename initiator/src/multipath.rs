@@ -59,5 +59,5 @@ mod stats;
 pub use ana::{AnaGroup, AnaLog, AnaLogError, AnaState, ANA_GROUP_DESC_LEN, ANA_LOG_HEADER_LEN};
 pub use namespace_ids::{same_namespace, NamespaceIds};
 pub use policy::{Link, PathView, Policy, Timers};
-pub use state_machine::{MultipathCore, Ready, Route, Verdict};
+pub use state_machine::{MultipathCore, Ready, Route, Verdict, MAX_PATH_RETRIES};
 pub use stats::MultipathStats;

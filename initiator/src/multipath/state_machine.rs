@@ -38,6 +38,13 @@ pub enum Ready {
     Fail { id: usize, status: IoStatus },
 }
 
+/// How many times one I/O is sent again after a path error or an ANA state that bars its
+/// path (Inaccessible, Persistent Loss), before it fails with the last status. Real
+/// failovers take one or two; a target that keeps answering with a path error, or whose ANA
+/// log keeps contradicting its statuses, would otherwise have the I/O go round for ever.
+/// Retries in ANA Change are bounded by ANATT instead.
+pub const MAX_PATH_RETRIES: u8 = 16;
+
 struct Waiter {
     id: usize,
     not_before: Instant,
@@ -56,6 +63,8 @@ pub struct MultipathCore {
     waiting: VecDeque<Waiter>,
     /// Per I/O: when it first got ANA Transition (for the ANATT bound).
     transition_since: Vec<Option<Instant>>,
+    /// Per I/O: its retries other than in ANA Change (bounded by [`MAX_PATH_RETRIES`]).
+    retries: Vec<u8>,
     stats: MultipathStats,
 }
 
@@ -72,6 +81,7 @@ impl MultipathCore {
             no_path_since: None,
             waiting: VecDeque::with_capacity(capacity),
             transition_since: vec![None; capacity],
+            retries: vec![0; capacity],
             stats: MultipathStats {
                 path_ios: vec![0; n],
                 ..MultipathStats::default()
@@ -176,6 +186,7 @@ impl MultipathCore {
     /// Routes a new I/O.
     pub fn submit(&mut self, id: usize, now: Instant) -> Route {
         self.transition_since[id] = None;
+        self.retries[id] = 0;
         match self.select(now) {
             Some(p) => Route::Path(p),
             None if self.give_up(now) => {
@@ -231,6 +242,9 @@ impl MultipathCore {
                 self.stats.ana_errors += 1;
                 self.paths[path].ana = state;
                 self.ana_refresh[path] = true;
+                if state != AnaState::Change && self.out_of_retries(id) {
+                    return Verdict::Fail(status);
+                }
                 let mut not_before = now;
                 if state == AnaState::Change {
                     let since = *self.transition_since[id].get_or_insert(now);
@@ -245,6 +259,9 @@ impl MultipathCore {
                 Verdict::Retry
             }
             Class::PathDown => {
+                if self.out_of_retries(id) {
+                    return Verdict::Fail(status);
+                }
                 if matches!(status, IoStatus::ControllerLost) {
                     self.paths[path].link = Link::Lost;
                 } else if self.paths[path].link == Link::Up && !matches!(status, IoStatus::Nvme(_))
@@ -259,6 +276,17 @@ impl MultipathCore {
                 Verdict::Retry
             }
         }
+    }
+
+    /// Counts a retry of I/O `id`; true when it has had [`MAX_PATH_RETRIES`] already.
+    fn out_of_retries(&mut self, id: usize) -> bool {
+        if self.retries[id] >= MAX_PATH_RETRIES {
+            self.stats.retries_exhausted += 1;
+            self.transition_since[id] = None;
+            return true;
+        }
+        self.retries[id] += 1;
+        false
     }
 
     /// Waiting I/Os whose time has come: each is given a path, or fails (no path past
@@ -372,6 +400,41 @@ mod tests {
         let v = c.on_completion(1, 0, IoStatus::Nvme(Status::LBA_OUT_OF_RANGE), t);
         assert_eq!(v, Verdict::Done);
         assert_eq!(c.waiting(), 0);
+    }
+
+    /// A target that answers every attempt with a path error, or keeps saying Inaccessible
+    /// while its ANA log says Optimized: the I/O fails after its retries, with the status.
+    #[test]
+    fn an_io_a_target_keeps_bouncing_fails_after_its_retries() {
+        let t = Instant::now();
+        let path_error = IoStatus::Nvme(Status::INTERNAL_PATH_ERROR);
+        let inaccessible = IoStatus::Nvme(Status::ANA_INACCESSIBLE);
+        for status in [path_error, inaccessible] {
+            let mut c = core(Policy::ActivePassive, vec![OPT]);
+            assert_eq!(c.submit(5, t), Route::Path(0));
+            let mut attempts = 1;
+            let verdict = loop {
+                let v = c.on_completion(5, 0, status, t);
+                if v != Verdict::Retry {
+                    break v;
+                }
+                // The log read that follows says the path is fine.
+                c.set_ana(0, AnaState::Optimized);
+                let mut out = Vec::new();
+                c.ready(t, &mut out);
+                assert_eq!(out, [Ready::Submit { id: 5, path: 0 }], "{status:?}");
+                attempts += 1;
+                assert!(attempts <= 100, "{status:?}: retried for ever");
+            };
+            assert_eq!(verdict, Verdict::Fail(status));
+            assert_eq!(attempts, 1 + u32::from(MAX_PATH_RETRIES));
+            assert_eq!(c.stats().retries_exhausted, 1);
+            assert_eq!(c.waiting(), 0);
+            // A new I/O in the same slot starts with its full budget.
+            c.set_ana(0, AnaState::Optimized);
+            assert_eq!(c.submit(5, t), Route::Path(0));
+            assert_eq!(c.on_completion(5, 0, status, t), Verdict::Retry);
+        }
     }
 
     #[test]

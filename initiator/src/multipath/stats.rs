@@ -13,6 +13,8 @@ pub struct MultipathStats {
     /// I/Os failed because no path was usable within the fast-io-fail timeout (or all were
     /// lost).
     pub no_path_failures: u64,
+    /// I/Os failed after [`MAX_PATH_RETRIES`](super::MAX_PATH_RETRIES) path retries.
+    pub retries_exhausted: u64,
 }
 
 impl MultipathStats {
@@ -26,5 +28,6 @@ impl MultipathStats {
         self.failovers += o.failovers;
         self.ana_errors += o.ana_errors;
         self.no_path_failures += o.no_path_failures;
+        self.retries_exhausted += o.retries_exhausted;
     }
 }

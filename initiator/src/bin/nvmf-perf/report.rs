@@ -146,6 +146,7 @@ pub(crate) fn report(
                 "failovers": mp_total.failovers,
                 "ana_errors": mp_total.ana_errors,
                 "no_path_failures": mp_total.no_path_failures,
+                "retries_exhausted": mp_total.retries_exhausted,
             });
         }
         let doc = serde_json::json!({
@@ -290,6 +291,7 @@ fn multipath_json(c: &NsCtx) -> serde_json::Value {
         "failovers": s.failovers,
         "ana_errors": s.ana_errors,
         "no_path_failures": s.no_path_failures,
+        "retries_exhausted": s.retries_exhausted,
     })
 }
 
@@ -304,8 +306,8 @@ fn multipath_text(c: &NsCtx) -> String {
         );
     }
     out += &format!(
-        "  failovers {}  ANA statuses {}  failed for want of a path {}\n",
-        s.failovers, s.ana_errors, s.no_path_failures
+        "  failovers {}  ANA statuses {}  failed for want of a path {}  out of retries {}\n",
+        s.failovers, s.ana_errors, s.no_path_failures, s.retries_exhausted
     );
     out
 }
@@ -332,6 +334,7 @@ mod tests {
                 failovers: 3,
                 ana_errors: 1,
                 no_path_failures: 0,
+                retries_exhausted: 0,
             },
             bufs: Vec::new(),
             start: Vec::new(),
