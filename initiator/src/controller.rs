@@ -78,6 +78,8 @@ pub struct Controller<V: Verbs = RealVerbs> {
     next_qid: u16,
     io_qpairs: Vec<IoQpair<V>>,
     lost_at: Option<Instant>,
+    /// When the last reconnect made the association live, until it has held.
+    live_since: Option<Instant>,
     next_attempt: Instant,
     events: Vec<ControllerEvent>,
 }
@@ -162,6 +164,7 @@ impl<V: Verbs> Controller<V> {
             next_qid: 1,
             io_qpairs: Vec::new(),
             lost_at: None,
+            live_since: None,
             next_attempt,
             events: Vec::new(),
         };

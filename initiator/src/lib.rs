@@ -72,6 +72,7 @@ pub use multipath::{AnaLog, AnaState, MultipathStats, NamespaceIds, Policy, Time
 pub use path::{MultipathQpair, NamespacePath, PathHandle};
 pub use qpair::{
     DataDir, IoCompletion, IoQpair, IoStatus, QpairState, QpairStats, SubmitError, SubmitErrorKind,
+    MAX_RETRIES,
 };
 
 /// Logging for the command-line tools: `RUST_LOG` (default `warn`) to stderr, coloured when

@@ -9,7 +9,7 @@
 //! Timeouts: every [`TIMEOUT_SCAN`] the slots are scanned; a command older than the I/O
 //! timeout resets the association (as Linux does) and fails with [`IoStatus::Timeout`];
 //! with a reconnect policy it is retried on the new association instead, up to
-//! [`MAX_RETRIES`] times.
+//! [`MAX_RETRIES`] times (commands outstanding at any break count their retries too).
 //!
 //! On a broken connection the outstanding commands either wait in the qpair's requeue for
 //! the reconnect (when the controller has a [`Reconnect`](crate::Reconnect) policy) or fail
@@ -46,8 +46,9 @@ use connect::connect_queue;
 pub use status::{IoCompletion, IoStatus};
 pub use submit::{SubmitError, SubmitErrorKind};
 
-/// Times a command is resubmitted after timing out (with reconnect configured), as Linux's
-/// `nvme_max_retries`.
+/// Times a command is resubmitted after timing out or being outstanding when its
+/// connection broke (with reconnect configured), as Linux's `nvme_max_retries`; then it fails
+/// with [`IoStatus::Timeout`] or [`IoStatus::PathError`].
 pub const MAX_RETRIES: u8 = 5;
 
 /// How often outstanding commands are checked against the timeout (and the CM channel for a

@@ -53,7 +53,7 @@ use nvmf_common::rdma::{DeviceAttr, Verbs};
 use nvmf_common::spec::{Command, SglKind, Status};
 use nvmf_initiator::{
     Controller, ControllerEvent, ControllerOptions, Error, IoCompletion, IoQpair, IoStatus,
-    MemoryWindows, QpairState, Reconnect, SubmitErrorKind, TransportId,
+    MemoryWindows, QpairState, Reconnect, SubmitErrorKind, TransportId, MAX_RETRIES,
 };
 use nvmf_target::bdev::BdevRef;
 use nvmf_target::core::controller::ControllerShared;
@@ -894,4 +894,100 @@ fn without_keep_alive_an_idle_host_is_not_expired() {
     let data = pattern(78, 4 * KIB);
     h.write(10, &data);
     assert!(h.read(10, data.len()) == data);
+}
+
+/// A command outstanding each time the association breaks (the target dies every time after
+/// the initiator reconnected and resent it) is retried MAX_RETRIES times, then fails: it
+/// does not go round the reconnects for ever.
+#[test]
+fn a_command_outstanding_at_every_break_fails_after_its_retries() {
+    let mut rig = Rig::new(6, target_options());
+    let mut h = Host::connect(
+        &rig,
+        ControllerOptions {
+            reconnect: Some(Reconnect {
+                delay: Duration::from_millis(100),
+                ctrl_loss_tmo: None,
+            }),
+            ..host_options()
+        },
+    );
+    h.submit_write(3000, &pattern(21, 4 * KIB), 1);
+    rig.stop_target();
+    let mut cycles = 0;
+    while h.done.is_empty() {
+        cycles += 1;
+        assert!(
+            cycles <= 20,
+            "the write is still retried after {cycles} breaks"
+        );
+        // The broken connection is noticed; the write waits for the next association.
+        h.run_for(Duration::from_millis(300), Duration::from_millis(1));
+        if !h.done.is_empty() {
+            break;
+        }
+        assert_eq!(h.qp.state(), QpairState::Reconnecting);
+        // The target comes back; once the queue is live again (the write resent on it), the
+        // target dies before answering.
+        rig.start_target();
+        let deadline = h.verbs.now() + Duration::from_secs(2);
+        while h.qp.state() != QpairState::Live && h.done.is_empty() {
+            assert!(h.verbs.now() < deadline, "the queue did not reconnect");
+            h.pump();
+            h.verbs.sleep(TICK);
+        }
+        rig.stop_target();
+    }
+    let done = std::mem::take(&mut h.done);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].tag, 1);
+    assert_eq!(done[0].status, IoStatus::PathError, "{}", done[0].status);
+    assert_eq!(cycles, usize::from(MAX_RETRIES) + 1);
+    assert_eq!(h.qp.stats().requeued, u64::from(MAX_RETRIES));
+}
+
+/// A target that takes the admin queue back but refuses every I/O queue (here: a restarted
+/// target with a smaller queue depth): each reconnect makes the association live for a
+/// moment and the I/O queue's failure resets it. The loss must still end at ctrl_loss_tmo,
+/// counted from the first break, not restart with each brief association.
+#[test]
+fn ctrl_loss_tmo_holds_when_only_the_admin_queue_reconnects() {
+    let mut rig = Rig::new(7, target_options());
+    let mut h = Host::connect(
+        &rig,
+        ControllerOptions {
+            reconnect: Some(Reconnect {
+                delay: Duration::from_millis(100),
+                ctrl_loss_tmo: Some(Duration::from_secs(2)),
+            }),
+            ..host_options()
+        },
+    );
+    rig.stop_target();
+    rig.opts.max_queue_depth = 16;
+    rig.start_target();
+    let start = h.verbs.now();
+    let mut reconnects = 0;
+    let lost = loop {
+        let elapsed = h.verbs.now() - start;
+        assert!(
+            elapsed < Duration::from_secs(10),
+            "still reconnecting after {elapsed:?} ({reconnects} brief associations)"
+        );
+        match h.ctrl.poll_admin() {
+            Ok(events) => {
+                reconnects += events
+                    .iter()
+                    .filter(|e| matches!(e, ControllerEvent::Reconnected { .. }))
+                    .count();
+            }
+            Err(e) => break e,
+        }
+        h.qp.poll(&mut h.done);
+        h.verbs.sleep(Duration::from_millis(1));
+    };
+    assert!(lost.to_string().contains("ctrl_loss_tmo"), "{lost}");
+    assert!(reconnects >= 2, "{reconnects} brief associations");
+    let elapsed = h.verbs.now() - start;
+    assert!(elapsed < Duration::from_secs(3), "lost after {elapsed:?}");
 }

@@ -48,6 +48,8 @@ impl<V: Verbs> Controller<V> {
                     self.start_reset(e.to_string());
                 } else if reset {
                     self.start_reset("an I/O queue failed".into());
+                } else {
+                    self.settle_reconnect();
                 }
             }
             STATE_RESETTING => {

@@ -45,11 +45,26 @@ impl<V: Verbs> Controller<V> {
             self.shared.peer
         );
         let now = self.shared.verbs.now();
+        self.live_since = None;
         self.lost_at.get_or_insert(now);
         self.next_attempt = now + delay;
         self.shared.state.store(STATE_RESETTING, Ordering::Release);
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         self.events.push(ControllerEvent::Disconnected { reason });
+    }
+
+    /// After a reconnect, once the association has stayed live for a reconnect delay (at
+    /// least a second) without an I/O queue asking for a reset: the loss is over, and the
+    /// next one gets a full ctrl_loss_tmo.
+    pub(super) fn settle_reconnect(&mut self) {
+        let (Some(since), Some(policy)) = (self.live_since, self.shared.opts.reconnect) else {
+            return;
+        };
+        let settle = policy.delay.max(Duration::from_secs(1));
+        if self.shared.verbs.now().saturating_duration_since(since) >= settle {
+            self.live_since = None;
+            self.lost_at = None;
+        }
     }
 
     pub(super) fn try_reconnect(&mut self) {
@@ -103,7 +118,10 @@ impl<V: Verbs> Controller<V> {
                     return;
                 }
                 s.cntlid.store(cntlid, Ordering::Release);
-                self.lost_at = None;
+                // `lost_at` stays until the association has held (`settle_reconnect`): one
+                // whose I/O queues fail to reconnect, and reset it at once, must not restart
+                // the ctrl_loss_tmo clock each time.
+                self.live_since = Some(s.verbs.now());
                 s.state.store(STATE_LIVE, Ordering::Release);
                 tracing::info!(
                     "controller {} reconnected after {lost:?}, cntlid {cntlid}",

@@ -70,7 +70,11 @@ impl<V: Verbs> IoQpair<V> {
                 } else {
                     out.push(complete(io, IoStatus::Timeout));
                 }
-            } else if retry {
+            } else if retry && io.retries < MAX_RETRIES {
+                // Every command outstanding at a break counts a retry (as Linux's
+                // host-aborted commands do): one that breaks the queue each time it is sent
+                // would otherwise go round the reconnects for ever.
+                io.retries += 1;
                 self.stats.requeued += 1;
                 self.requeue.push_front(io);
             } else if reconnect {
