@@ -267,6 +267,18 @@ impl SimLab {
             .expect("transport 0")
     }
 
+    /// Reactor `i`'s qpairs: (queue ID, QP number) each.
+    pub fn queue_qp_numbers(&mut self, i: usize) -> Vec<(Option<u16>, u32)> {
+        self.pgs[i]
+            .with_transport(0, |t, _| {
+                t.as_any_mut()
+                    .downcast_mut::<RdmaPollGroup<SimVerbs>>()
+                    .expect("the RDMA poll group")
+                    .queue_qp_numbers()
+            })
+            .expect("transport 0")
+    }
+
     /// Runs the fabric in 50 ms steps (virtual), at most `steps` of them, until reactor 0
     /// holds `qpairs` qpairs (a closing queue is reaped at a housekeeping tick once its work
     /// requests are back, or after the drain timeout). Returns whether it got there.

@@ -991,3 +991,46 @@ fn ctrl_loss_tmo_holds_when_only_the_admin_queue_reconnects() {
     let elapsed = h.verbs.now() - start;
     assert!(elapsed < Duration::from_secs(3), "lost after {elapsed:?}");
 }
+
+/// An admin command the target never finishes (its ACKs to our SENDs come later than the
+/// admin timeout): the call times out, and the association is reset at the next
+/// `poll_admin`, as Linux resets on an admin timeout. Left live, the late command's data
+/// could land in the admin buffer under the next command's result.
+#[test]
+fn an_admin_command_that_times_out_resets_the_association() {
+    let rig = Rig::new(8, target_options());
+    let mut h = Host::connect(
+        &rig,
+        ControllerOptions {
+            admin_timeout: Duration::from_millis(500),
+            ..host_options()
+        },
+    );
+    let admin_qp = rig.lab(|lab| {
+        lab.queue_qp_numbers(0)
+            .into_iter()
+            .find(|&(qid, _)| qid == Some(0))
+            .map(|(_, n)| n)
+            .expect("the admin queue")
+    });
+    rig.fabric.late_responses(admin_qp, Duration::from_secs(2));
+    let e = h
+        .ctrl
+        .namespace(1)
+        .expect_err("the target never finishes it in time");
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(h.ctrl.is_live(), "nothing polled yet");
+    rig.fabric.late_responses(admin_qp, Duration::ZERO);
+    // The next admin call, before any poll, does not run on the queue the late command may
+    // still write into.
+    let e = h
+        .ctrl
+        .namespace(1)
+        .expect_err("the admin queue is unusable");
+    assert!(e.to_string().contains("unusable"), "{e}");
+    match h.ctrl.poll_admin() {
+        Err(Error::ControllerLost(why)) => assert!(why.contains("unusable"), "{why}"),
+        other => panic!("the association stayed: {other:?}"),
+    }
+    assert!(!h.ctrl.is_live());
+}

@@ -47,6 +47,11 @@ pub(crate) struct Admin<V: Verbs> {
     out: [(u16, Completion); POLL_BATCH],
     timeout: Duration,
     cc: Cc,
+    /// Why a synchronous command left the queue unusable (it timed out, or the queue
+    /// faulted): its slot and the shared data buffer may still be the target's, so the next
+    /// [`pump`](Admin::pump) fails and the association is reset, as Linux resets on an
+    /// admin timeout.
+    broken: Option<String>,
 }
 
 impl<V: Verbs> Admin<V> {
@@ -61,6 +66,13 @@ impl<V: Verbs> Admin<V> {
     /// Takes admin completions, sends a keep-alive when due, checks timeouts and the CM
     /// channel. An error means the association is broken.
     pub(super) fn pump(&mut self) -> Result<()> {
+        if let Some(why) = &self.broken {
+            return Err(Error::Transport {
+                addr: self.q.peer(),
+                qid: 0,
+                detail: format!("the admin queue is unusable after {why}"),
+            });
+        }
         let n = self
             .q
             .poll(&mut self.out, POLL_BATCH)
@@ -129,13 +141,22 @@ impl<V: Verbs> Admin<V> {
     }
 
     /// Runs one admin command to completion (pumping keep-alive and AERs meanwhile). The
-    /// completion is returned whatever its status.
+    /// completion is returned whatever its status. An error (a timeout, a queue fault)
+    /// leaves the queue [`broken`](Self::broken).
     pub(crate) fn cmd(
         &mut self,
-        mut cmd: Command,
+        cmd: Command,
         data: AdminData<'_>,
         what: &str,
     ) -> Result<Completion> {
+        let result = self.run_cmd(cmd, data, what);
+        if let Err(e) = &result {
+            self.broken.get_or_insert_with(|| format!("{what}: {e}"));
+        }
+        result
+    }
+
+    fn run_cmd(&mut self, mut cmd: Command, data: AdminData<'_>, what: &str) -> Result<Completion> {
         let timeout = self.timeout;
         let d = match data {
             AdminData::None => Data::None,
@@ -356,6 +377,7 @@ pub(super) fn bring_up<V: Verbs>(
         out: [(0, Completion::default()); POLL_BATCH],
         timeout: opts.connect_timeout.max(Duration::from_secs(1)),
         cc: Cc(0),
+        broken: None,
     };
     let kato = if tid.is_discovery() {
         Duration::ZERO

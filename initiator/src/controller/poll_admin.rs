@@ -90,18 +90,28 @@ impl<V: Verbs> Controller<V> {
         let admin = self.admin()?;
         if ty == AsyncEventType::NOTICE && info == AsyncNotice::NAMESPACE_ATTRIBUTE_CHANGED.0 {
             // Reading the Changed Namespace List clears the event, so it can fire again.
-            let raw = admin.get_log(
+            let read = admin.get_log(
                 0xFFFF_FFFF,
                 LogPageId::CHANGED_NAMESPACE_LIST,
                 4096,
                 max,
                 "Get Log Page Changed Namespace List",
-            )?;
-            let nsids = raw
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .take_while(|&id| id != 0)
-                .collect();
+            );
+            let nsids = match read {
+                Ok(raw) => raw
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .take_while(|&id| id != 0)
+                    .collect(),
+                // The target refused the page: every namespace may have changed (as the
+                // list's own overflow entry says), which is no reason to drop the
+                // association. A timeout or fault still resets it.
+                Err(Error::Command { status, .. }) => {
+                    tracing::warn!(%status, "reading the Changed Namespace List failed; rescan all");
+                    vec![0xFFFF_FFFF]
+                }
+                Err(e) => return Err(e),
+            };
             tracing::info!(?nsids, "namespace attributes changed");
             self.events
                 .push(ControllerEvent::NamespaceChanged { nsids });

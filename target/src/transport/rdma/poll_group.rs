@@ -6,7 +6,7 @@
 
 use nvmf_common::buffer::BufClass;
 use nvmf_common::rdma::{
-    CmIdToken, RealVerbs, Verbs, VerbsContext, VerbsCq, WorkCompletion, MAX_CHAIN,
+    CmIdToken, RealVerbs, Verbs, VerbsContext, VerbsCq, VerbsQp, WorkCompletion, MAX_CHAIN,
 };
 use nvmf_common::reactor::{Ready, WaitSet};
 use std::any::Any;
@@ -249,6 +249,16 @@ pub struct PollGroupResources {
 }
 
 impl<V: Verbs> RdmaPollGroup<V> {
+    /// Each live qpair's queue ID (the one its connect request named) and QP number: for
+    /// tests that aim a fabric fault at one queue.
+    pub fn queue_qp_numbers(&self) -> Vec<(Option<u16>, u32)> {
+        self.qpairs
+            .iter()
+            .flatten()
+            .map(|q| (q.state.expected_qid, q.qp.qp_num()))
+            .collect()
+    }
+
     pub fn resources(&self) -> PollGroupResources {
         let live = self.qpairs.iter().flatten();
         let live_parked = live.clone().map(|q| q.acct.parked()).sum();
