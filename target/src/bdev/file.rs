@@ -17,6 +17,11 @@ const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 /// Bytes of zeroes one write of the zeroing fallback covers.
 pub const ZERO_CHUNK: usize = 1 << 20;
 
+/// The largest block a file-backed bdev takes (64 KiB, the most any host's block layer
+/// uses; Linux takes no more than its page size). Well under [`ZERO_CHUNK`].
+pub const MAX_FILE_BLOCK_SIZE: u32 = 64 * 1024;
+const _: () = assert!(MAX_FILE_BLOCK_SIZE as usize <= ZERO_CHUNK);
+
 /// An open backing file with its geometry.
 #[derive(Debug)]
 pub struct BackingFile {
@@ -103,6 +108,13 @@ impl BackingFile {
                 )))
             }
         };
+        // The zeroing fallback writes whole blocks from the 1 MiB zero buffer: a larger
+        // block would have the kernel read past it (and write what lies there to the media).
+        if block_size > MAX_FILE_BLOCK_SIZE {
+            return Err(BdevError::InvalidParams(format!(
+                "block_size {block_size} of {path} is above the largest supported, {MAX_FILE_BLOCK_SIZE}"
+            )));
+        }
         let num_blocks = bytes / u64::from(block_size);
         if num_blocks == 0 {
             return Err(BdevError::InvalidParams(format!(
@@ -221,10 +233,11 @@ impl ZeroBuf {
         self.map.as_ptr()
     }
 
-    /// Bytes of one zeroing write: a whole number of blocks.
+    /// Bytes of one zeroing write: a whole number of blocks, never more than the buffer
+    /// (a file bdev's block is at most [`MAX_FILE_BLOCK_SIZE`]).
     pub fn chunk(&self, block_size: u32) -> u64 {
-        let bs = u64::from(block_size);
-        ((ZERO_CHUNK as u64) / bs).max(1) * bs
+        let bs = u64::from(block_size.clamp(1, MAX_FILE_BLOCK_SIZE));
+        (ZERO_CHUNK as u64) / bs * bs
     }
 }
 
@@ -337,5 +350,20 @@ mod tests {
         let z = ZeroBuf::new().unwrap();
         assert_eq!(z.chunk(4096), ZERO_CHUNK as u64);
         assert_eq!(z.chunk(1536) % 1536, 0);
+        for bs in [512, 65536, 2 << 20, u32::MAX] {
+            assert!(z.chunk(bs) <= ZERO_CHUNK as u64 && z.chunk(bs) > 0, "{bs}");
+        }
+    }
+
+    /// Blocks above 64 KiB are refused: the zeroing writes whole blocks from the 1 MiB
+    /// zero buffer, and a 2 MiB block would have the kernel read (and store) what lies past it.
+    #[test]
+    fn blocks_larger_than_the_zero_buffer_can_serve_are_refused() {
+        let f = TempFile::new("bigblock", 8 << 20);
+        assert!(BackingFile::open(f.path(), Some(65536), false).is_ok());
+        for bs in [128 << 10, 2 << 20] {
+            let e = BackingFile::open(f.path(), Some(bs), false).unwrap_err();
+            assert!(e.to_string().contains("largest supported"), "{e}");
+        }
     }
 }

@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use memmap2::{MmapMut, MmapOptions};
+use memmap2::{MmapOptions, MmapRaw};
 use nvmf_rpc::RpcError;
 use serde::Deserialize;
 use serde_json::json;
@@ -22,8 +22,10 @@ use super::{
 
 /// The shared memory of one malloc bdev.
 struct Storage {
-    /// Never dereferenced as bytes: only through `words`, so every access is atomic.
-    map: MmapMut,
+    /// A raw mapping: its pointer comes with no `&[u8]` or `&mut [u8]` over the disk (which
+    /// would forbid the atomic stores other reactors make), and is used only through
+    /// `words`, so every access is atomic.
+    map: MmapRaw,
     words: usize,
 }
 
@@ -37,18 +39,19 @@ impl Storage {
                 source,
             })?;
         Ok(Self {
-            map,
+            map: MmapRaw::from(map),
             words: bytes / 8,
         })
     }
 
     fn words(&self) -> &[AtomicU64] {
-        let ptr = self.map.as_ptr().cast::<AtomicU64>();
+        let ptr = self.map.as_mut_ptr().cast::<AtomicU64>();
         // SAFETY: the mapping is page-aligned (so 8-byte aligned) and `words * 8` bytes long,
         // and lives as long as `self`. Anonymous mappings start zeroed, a valid `AtomicU64`.
-        // No `&mut [u8]` to the mapping is ever created (`MmapMut` is never mutably
-        // dereferenced), and `AtomicU64` permits shared mutation, so channels on several threads
-        // may hold this slice at once: all their accesses are atomic, hence data-race free.
+        // The pointer is the mapping's own (`MmapRaw` makes no reference to the bytes), so it
+        // carries write permission, and no `&[u8]` or `&mut [u8]` over the mapping exists.
+        // `AtomicU64` permits shared mutation, so channels on several threads may hold this
+        // slice at once: all their accesses are atomic, hence data-race free.
         #[allow(unsafe_code)]
         unsafe {
             std::slice::from_raw_parts(ptr, self.words)

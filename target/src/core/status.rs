@@ -22,7 +22,10 @@ pub fn from_bdev(kind: IoKind, result: IoResult) -> Status {
             IoKind::Read => Status::ACCESS_DENIED.with_dnr(),
             _ => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(),
         },
-        libc::EINVAL | libc::ERANGE => Status::LBA_OUT_OF_RANGE.with_dnr(),
+        // The command layer checks every range against the namespace before a backend sees
+        // it: a backend's EINVAL is its own complaint (an O_DIRECT misalignment, an
+        // operation the kernel refuses), not the host's range.
+        libc::ERANGE => Status::LBA_OUT_OF_RANGE.with_dnr(),
         libc::EOPNOTSUPP => Status::INVALID_OPCODE.with_dnr(),
         // Transient: the host may retry (no DNR). Channels normally absorb these by returning
         // the I/O for a retry; reaching here means the backend gave up on it.
@@ -54,6 +57,11 @@ mod tests {
         assert!(!from_bdev(IoKind::Write, Err(libc::EAGAIN)).dnr);
         let other = from_bdev(IoKind::Flush, Err(libc::E2BIG));
         assert_eq!(other, Status::INTERNAL_ERROR.with_dnr());
+        assert_eq!(
+            from_bdev(IoKind::Write, Err(libc::EINVAL)),
+            Status::INTERNAL_ERROR.with_dnr(),
+            "not the host's range: the command layer checked it"
+        );
         assert_eq!(
             from_bdev(IoKind::Write, Err(libc::EROFS)),
             Status::NAMESPACE_WRITE_PROTECTED.with_dnr()
