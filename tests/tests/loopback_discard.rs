@@ -326,3 +326,70 @@ fn overlapping_and_repeated_ranges_deallocate_each_block_once() {
     let after = read_all(&mut lab, &mut ctrl);
     assert_only_deallocated(&after, &before, overlapping);
 }
+
+/// A host deallocating most of a RAM disk in one command (256 disjoint ranges of 252 KiB,
+/// 63 MiB) does not hold the reactor: another host's read, sent right after it, is answered
+/// while the deallocation is still under way, and the deallocation completes after.
+#[test]
+fn deallocating_a_whole_disk_does_not_hold_up_another_hosts_read() {
+    const BIG_BLOCKS: u64 = 16 * 1024;
+    let mut lab = LoopbackLab::default();
+    lab.malloc("Big0", BIG_BLOCKS, BS as u32);
+    lab.subsystem(NQN, &["Big0"]);
+    let mut a = linux_bring_up(&mut lab, NQN, 1);
+    let mut b = linux_bring_up(&mut lab, NQN, 1);
+    let cid = a.cid();
+    expect_ok(&a.io(
+        &mut lab,
+        0,
+        with_buffer(Command::write(cid, 1, BIG_BLOCKS - 1, 1), vec![7; BS]),
+    ));
+    let ranges: Vec<(u64, u32)> = (0..256).map(|i| (i * 64, 63)).collect();
+    let cid = a.cid();
+    a.io[0].submit(linux_discard(cid, &ranges, false));
+    let cid = b.cid();
+    b.io[0].submit(reading(Command::read(cid, 1, BIG_BLOCKS - 1, 1), BS));
+    let (mut read, mut discard) = (None, None);
+    let mut polls = 0;
+    while discard.is_none() {
+        lab.pg.poll();
+        polls += 1;
+        assert!(polls < 100_000, "the deallocation never completed");
+        if let Some(r) = b.io[0].poll() {
+            assert!(
+                discard.is_none(),
+                "the read waited for the whole deallocation"
+            );
+            read = Some((r, polls));
+        }
+        if let Some(r) = a.io[0].poll() {
+            discard = Some(r);
+        }
+    }
+    let (read, read_at) = read.expect("the read was answered first");
+    assert_eq!(
+        expect_ok_data(&read),
+        vec![7; BS],
+        "beyond the ranges: untouched"
+    );
+    assert!(read_at <= 2, "answered at poll {read_at}");
+    assert!(polls >= 63, "63 MiB in 1 MiB slices: {polls} polls");
+    assert_eq!(discard.unwrap().cqe.status(), Status::SUCCESS);
+    // The ranges are clear, the gaps between them not.
+    let cid = b.cid();
+    let r = b.io(&mut lab, 0, reading(Command::read(cid, 1, 63, 2), 2 * BS));
+    let data = expect_ok_data(&r);
+    assert_eq!(data[..BS], [0; BS], "block 63: a gap, never written");
+    assert_eq!(data[BS..], [0; BS], "block 64: deallocated");
+    let cid = b.cid();
+    let r = b.io(
+        &mut lab,
+        0,
+        reading(Command::read(cid, 1, BIG_BLOCKS - 1, 1), BS),
+    );
+    assert_eq!(
+        expect_ok_data(&r),
+        vec![7; BS],
+        "the last block is in a gap"
+    );
+}

@@ -11,9 +11,12 @@
 //! is created; such a bdev then writes everything with `RWF_DSYNC` (each write durable when it
 //! completes, no volatile cache to flush), reports no write cache, and completes Flush at once.
 //! WriteZeroes and Unmap write zeroes from a shared zero buffer in 1 MiB chunks: AIO has no
-//! fallocate, and a blocking `fallocate` has no place on a reactor.
+//! fallocate, and a blocking `fallocate` has no place on a reactor. At most
+//! [`MAX_ZEROING_SLOTS`] of them hold a slot at once; the others wait in the channel, so a
+//! host deallocating the whole device leaves other hosts' reads and writes their slots.
 //! Note: on a file opened without O_DIRECT, Linux performs AIO synchronously inside `io_submit`.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use nvmf_rpc::RpcError;
@@ -28,6 +31,12 @@ use super::{
 
 /// Slots (iocbs in flight or queued) per channel.
 pub const AIO_DEPTH: usize = 256;
+
+/// Slots that Write Zeroes and deallocation may hold at once. Each streams zeroes through its
+/// slot until its whole range is written, which for a range covering the device is the time
+/// to rewrite the device: more would leave hosts' reads and writes no slot. Further ones wait
+/// in the channel (not in front of reads and writes).
+pub const MAX_ZEROING_SLOTS: usize = AIO_DEPTH / 8;
 
 const IOCB_CMD_PREAD: u16 = 0;
 const IOCB_CMD_PWRITE: u16 = 1;
@@ -229,6 +238,10 @@ pub(crate) struct AioChannel {
     /// Iocbs in the kernel.
     in_kernel: usize,
     done: CompletionQueue,
+    /// Slots zeroing now (at most [`MAX_ZEROING_SLOTS`]).
+    zeroing: usize,
+    /// Checked zeroings waiting for one of those, oldest first.
+    zero_waiting: VecDeque<BdevIo>,
 }
 
 impl AioChannel {
@@ -258,6 +271,8 @@ impl AioChannel {
             events: vec![IoEvent::default(); AIO_DEPTH],
             in_kernel: 0,
             done: CompletionQueue::new(2 * AIO_DEPTH),
+            zeroing: 0,
+            zero_waiting: VecDeque::with_capacity(AIO_DEPTH),
         })
     }
 
@@ -294,8 +309,34 @@ impl AioChannel {
     fn finish(&mut self, s: u32, result: super::IoResult) {
         let slot = &mut self.slots[s as usize];
         let io = slot.io.take().expect("finished slot holds an I/O");
+        let was_zeroing = matches!(slot.op, Op::Zeroing { .. });
         self.free.push(s);
         self.done.complete(io, result);
+        if was_zeroing {
+            self.zeroing -= 1;
+            self.start_waiting_zeroing();
+        }
+    }
+
+    /// Starts the zeroing of checked, non-empty `io` in free slot `s`.
+    fn start_zeroing(&mut self, s: u32, io: BdevIo) {
+        let bs = u64::from(self.shared.file.block_size);
+        let (offset, len) = (io.offset_blocks * bs, io.num_blocks * bs);
+        self.zeroing += 1;
+        self.slots[s as usize].op = Op::Zeroing { end: offset + len };
+        self.prep_zero_chunk(s, offset, offset + len, io.fua);
+        self.slots[s as usize].io = Some(io);
+    }
+
+    /// Waiting zeroings take the zeroing slots free now.
+    fn start_waiting_zeroing(&mut self) {
+        while self.zeroing < MAX_ZEROING_SLOTS && !self.zero_waiting.is_empty() {
+            let Some(s) = self.free.pop() else {
+                return;
+            };
+            let io = self.zero_waiting.pop_front().expect("not empty");
+            self.start_zeroing(s, io);
+        }
     }
 
     /// An iocb of slot `s` ended with `res` (bytes or -errno).
@@ -422,8 +463,16 @@ impl BdevChannel for AioChannel {
                     self.done.complete(io, Ok(()));
                     return Ok(());
                 }
-                self.slots[s as usize].op = Op::Zeroing { end: offset + len };
-                self.prep_zero_chunk(s, offset, offset + len, io.fua);
+                if self.zeroing >= MAX_ZEROING_SLOTS {
+                    self.free.push(s);
+                    if self.zero_waiting.len() >= AIO_DEPTH {
+                        return Err(io);
+                    }
+                    self.zero_waiting.push_back(io);
+                    return Ok(());
+                }
+                self.start_zeroing(s, io);
+                return Ok(());
             }
         }
         self.slots[s as usize].io = Some(io);
@@ -455,7 +504,7 @@ impl BdevChannel for AioChannel {
     }
 
     fn in_flight(&self) -> usize {
-        AIO_DEPTH - self.free.len() + self.done.len()
+        AIO_DEPTH - self.free.len() + self.done.len() + self.zero_waiting.len()
     }
 }
 
@@ -694,6 +743,66 @@ mod tests {
         assert!(data[((blocks - 4) * 512) as usize..]
             .iter()
             .all(|&b| b == 0xAB));
+    }
+
+    /// Zeroings past MAX_ZEROING_SLOTS wait in the channel without a slot, so reads and
+    /// writes still get one; every zeroing completes and leaves its range zero.
+    #[test]
+    fn zeroing_holds_a_bounded_share_of_the_slots() {
+        let zeroings = MAX_ZEROING_SLOTS as u64 + 8;
+        let blocks = zeroings * 4 + 4;
+        let f = TempFile::new("aio-zslots", blocks * 4096);
+        std::fs::write(f.path(), vec![0xABu8; (blocks * 4096) as usize]).unwrap();
+        let bdev = AioBdev::new("a", f.path(), Some(4096), false, None).unwrap();
+        let mut ch = AioChannel::new(Arc::clone(&bdev.shared)).unwrap();
+        for i in 0..zeroings {
+            let kind = if i % 2 == 0 {
+                IoKind::Unmap
+            } else {
+                IoKind::WriteZeroes
+            };
+            ch.submit(io(i, kind, i * 4, 4, None)).unwrap();
+        }
+        assert_eq!(ch.zeroing, MAX_ZEROING_SLOTS);
+        assert_eq!(ch.zero_waiting.len(), 8);
+        assert_eq!(
+            ch.free.len(),
+            AIO_DEPTH - MAX_ZEROING_SLOTS,
+            "reads and writes keep the rest"
+        );
+        assert_eq!(ch.in_flight(), zeroings as usize);
+        // A read gets a slot at once, behind no zeroing.
+        let pool = testutil::pool(4096, 1);
+        let read = io(
+            1000,
+            IoKind::Read,
+            blocks - 4,
+            1,
+            Some(testutil::buf(&pool, 4096)),
+        );
+        ch.submit(read).unwrap();
+        assert_eq!(ch.free.len(), AIO_DEPTH - MAX_ZEROING_SLOTS - 1);
+        let mut seen = 0;
+        let start = std::time::Instant::now();
+        while seen < zeroings + 1 {
+            ch.poll(&mut |c| {
+                assert_eq!(c.result, Ok(()), "I/O {}", c.tag);
+                seen += 1;
+            });
+            assert!(ch.zeroing <= MAX_ZEROING_SLOTS);
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(20),
+                "{seen} done"
+            );
+        }
+        assert_eq!(
+            (ch.zeroing, ch.zero_waiting.len(), ch.in_flight()),
+            (0, 0, 0)
+        );
+        let data = std::fs::read(f.path()).unwrap();
+        let zeroed = (zeroings * 4 * 4096) as usize;
+        assert!(data[..zeroed].iter().all(|&b| b == 0));
+        assert!(data[zeroed..].iter().all(|&b| b == 0xAB));
     }
 
     #[test]

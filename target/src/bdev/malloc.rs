@@ -5,7 +5,15 @@
 //! loads and stores: racing I/O to one range gives some interleaving of 8-byte words (as a real
 //! disk gives some interleaving of sectors), never undefined behaviour. The copy happens in
 //! `submit`; the completion waits in a preallocated queue for the next `poll`.
+//!
+//! Write Zeroes and deallocation are the exception: a channel zeroes at most
+//! [`ZEROING_SLICE`] bytes between two `poll`s. What does not fit waits and is done a slice
+//! per `poll`, oldest first, so a host zeroing a 16 GiB disk (in one range or in 256) does not
+//! hold its reactor, and every other host on it, for seconds; reads and writes go on between
+//! the slices. Zeroing stores only over words that are not zero already, so deallocating a
+//! disk that was never written maps no memory.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -142,6 +150,8 @@ impl Bdev for MallocBdev {
             block_size: self.block_size,
             num_blocks: self.num_blocks,
             done: CompletionQueue::new(CHANNEL_DEPTH),
+            zeroing: VecDeque::with_capacity(CHANNEL_DEPTH),
+            budget: SLICE_WORDS,
         }))
     }
     fn config_entry(&self) -> serde_json::Value {
@@ -162,20 +172,91 @@ impl Bdev for MallocBdev {
     }
 }
 
+/// Bytes a channel zeroes between two polls.
+pub const ZEROING_SLICE: u64 = 1 << 20;
+const SLICE_WORDS: usize = (ZEROING_SLICE / 8) as usize;
+
+/// A Write Zeroes or deallocation waiting for, or part way through, its slices.
+struct Zeroing {
+    io: BdevIo,
+    /// Words still to clear.
+    next: usize,
+    end: usize,
+}
+
 struct MallocChannel {
     storage: Arc<Storage>,
     block_size: u32,
     num_blocks: u64,
     done: CompletionQueue,
+    /// Zeroings that did not fit in the budget, oldest first.
+    zeroing: VecDeque<Zeroing>,
+    /// Words this channel may still zero before its next poll.
+    budget: usize,
+}
+
+/// Clears `words`, storing only over those not zero already (a load maps no page).
+fn clear(words: &[AtomicU64]) {
+    for word in words {
+        if word.load(Ordering::Relaxed) != 0 {
+            word.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 impl MallocChannel {
-    fn execute(&self, io: &mut BdevIo) -> super::IoResult {
+    /// The words of `io`'s range, checked against the device.
+    fn range(&self, io: &BdevIo) -> Result<(usize, usize), i32> {
         check_range(self.num_blocks, io, self.block_size)?;
         // In range, so these products fit: the storage of `num_blocks` blocks was mapped.
         let start = (io.offset_blocks * u64::from(self.block_size) / 8) as usize;
         let len = (io.num_blocks * u64::from(self.block_size) / 8) as usize;
-        let words = &self.storage.words()[start..start + len];
+        Ok((start, start + len))
+    }
+
+    /// A zeroing that cannot be done now: others wait before it, or it is larger than
+    /// what the channel may still zero before its next poll.
+    fn must_wait(&self, io: &BdevIo) -> bool {
+        if !matches!(io.kind, IoKind::WriteZeroes | IoKind::Unmap) {
+            return false;
+        }
+        let words = io.num_blocks.saturating_mul(u64::from(self.block_size)) / 8;
+        !self.zeroing.is_empty() || words > self.budget as u64
+    }
+
+    /// Room for one more I/O: every one in `zeroing` or `done` completes through `done`.
+    fn has_room(&self) -> bool {
+        self.done.len() + self.zeroing.len() < CHANNEL_DEPTH
+    }
+
+    /// Queues a zeroing (or completes it at once if its range is bad).
+    fn queue_zeroing(&mut self, io: BdevIo) {
+        match self.range(&io) {
+            Ok((next, end)) => self.zeroing.push_back(Zeroing { io, next, end }),
+            Err(e) => self.done.complete(io, Err(e)),
+        }
+    }
+
+    /// A new poll's budget, spent on the waiting zeroings, oldest first; each completes
+    /// when its last word is clear.
+    fn advance_zeroing(&mut self) {
+        self.budget = SLICE_WORDS;
+        while let Some(z) = self.zeroing.front_mut() {
+            let until = z.end.min(z.next + self.budget);
+            clear(&self.storage.words()[z.next..until]);
+            self.budget -= until - z.next;
+            z.next = until;
+            if until < z.end {
+                return;
+            }
+            let z = self.zeroing.pop_front().expect("the front");
+            self.done.complete(z.io, Ok(()));
+        }
+    }
+
+    fn execute(&mut self, io: &mut BdevIo) -> super::IoResult {
+        let (start, end) = self.range(io)?;
+        let words = &self.storage.words()[start..end];
         match io.kind {
             IoKind::Read => {
                 let buf = io.buf.as_mut().ok_or(libc::EINVAL)?;
@@ -191,9 +272,9 @@ impl MallocChannel {
                 }
             }
             IoKind::WriteZeroes | IoKind::Unmap => {
-                for word in words {
-                    word.store(0, Ordering::Relaxed);
-                }
+                // Within the budget (`must_wait` said so).
+                clear(words);
+                self.budget -= words.len();
             }
             // RAM has no cache to drain.
             IoKind::Flush => {}
@@ -204,8 +285,12 @@ impl MallocChannel {
 
 impl BdevChannel for MallocChannel {
     fn submit(&mut self, mut io: BdevIo) -> Result<(), BdevIo> {
-        if self.done.is_full() {
+        if !self.has_room() {
             return Err(io);
+        }
+        if self.must_wait(&io) {
+            self.queue_zeroing(io);
+            return Ok(());
         }
         let result = self.execute(&mut io);
         self.done.complete(io, result);
@@ -213,16 +298,24 @@ impl BdevChannel for MallocChannel {
     }
 
     fn submit_now(&mut self, mut io: BdevIo) -> Submitted {
+        if self.must_wait(&io) {
+            if !self.has_room() {
+                return Submitted::Refused(io);
+            }
+            self.queue_zeroing(io);
+            return Submitted::Started;
+        }
         let result = self.execute(&mut io);
         Submitted::Done(util::completion(io, result))
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(BdevCompletion)) -> usize {
+        self.advance_zeroing();
         self.done.drain(done)
     }
 
     fn in_flight(&self) -> usize {
-        self.done.len()
+        self.done.len() + self.zeroing.len()
     }
 }
 
@@ -326,6 +419,58 @@ mod tests {
         testutil::data_contract(&bdev);
         let bdev = MallocBdev::new("m4k", 16, 4096, None).unwrap();
         testutil::data_contract(&bdev);
+    }
+
+    /// A zeroing larger than a slice goes a slice per poll; reads and writes submitted
+    /// meanwhile complete at once, and the range ends up zero.
+    #[test]
+    fn a_large_zeroing_goes_a_slice_per_poll_and_lets_io_through() {
+        let blocks = 4 * ZEROING_SLICE / 512;
+        let bdev = MallocBdev::new("m", 2 * blocks, 512, None).unwrap();
+        let pool = testutil::pool(4096, 4);
+        let mut ch = bdev.open_channel().unwrap();
+        testutil::write(ch.as_mut(), &pool, 512, 0, 8, 7);
+        testutil::write(ch.as_mut(), &pool, 512, blocks - 8, 8, 8);
+        testutil::write(ch.as_mut(), &pool, 512, blocks, 8, 9);
+        let zero = testutil::io(1, IoKind::Unmap, 0, blocks, None);
+        assert!(matches!(ch.submit_now(zero), Submitted::Started));
+        // Beyond the range: untouched, and served at once while the zeroing is under way.
+        let buf = testutil::buf(&pool, 4096);
+        let read = testutil::io(2, IoKind::Read, blocks, 8, Some(buf));
+        let Submitted::Done(c) = ch.submit_now(read) else {
+            panic!("a read waited behind the zeroing");
+        };
+        assert_eq!(c.result, Ok(()));
+        assert_eq!(c.buf.unwrap().as_slice(), testutil::pattern(9, 4096));
+        let mut finished = None;
+        for polls in 1..=8 {
+            ch.poll(&mut |c| {
+                assert_eq!((c.tag, c.result), (1, Ok(())));
+                finished = Some(polls);
+            });
+            if finished.is_some() {
+                break;
+            }
+            assert_eq!(ch.in_flight(), 1);
+        }
+        assert_eq!(finished, Some(4), "a 4 MiB zeroing takes four 1 MiB slices");
+        assert_eq!(ch.in_flight(), 0);
+        testutil::expect_pattern(ch.as_mut(), &pool, 512, blocks, 8, 9);
+        for at in [0, blocks - 8] {
+            let buf = testutil::buf(&pool, 4096);
+            let c = testutil::run(ch.as_mut(), testutil::io(2, IoKind::Read, at, 8, Some(buf)));
+            assert_eq!(c.result, Ok(()));
+            assert!(
+                c.buf.unwrap().as_slice().iter().all(|&b| b == 0),
+                "block {at}"
+            );
+        }
+        // A bad range fails through poll like any other.
+        let bad = testutil::io(3, IoKind::WriteZeroes, 2 * blocks - 1, blocks, None);
+        assert!(matches!(ch.submit_now(bad), Submitted::Started));
+        let mut results = Vec::new();
+        ch.poll(&mut |c| results.push((c.tag, c.result)));
+        assert_eq!(results, [(3, Err(libc::EINVAL))]);
     }
 
     #[test]

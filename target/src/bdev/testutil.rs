@@ -92,7 +92,7 @@ pub fn wait_n(ch: &mut dyn BdevChannel, n: usize) -> Vec<BdevCompletion> {
     got
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8 | 1)
         .collect()

@@ -12,6 +12,7 @@
 //! Where io_uring itself is refused (ENOSYS, EPERM under seccomp or `io_uring_disabled`), the
 //! bdev runs on the AIO engine instead and says so in the log.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types, IoUring};
@@ -29,6 +30,12 @@ use super::{
 /// Submission queue entries and I/O slots per channel; the completion queue is twice as large,
 /// so with one operation per slot it can never overflow.
 pub const URING_DEPTH: usize = 256;
+
+/// Slots that Write Zeroes and deallocation may hold at once (as AIO's
+/// [`MAX_ZEROING_SLOTS`](super::aio::MAX_ZEROING_SLOTS)): a fallocate of a huge range, or
+/// the zero writes where the file system refuses it, take long; reads and writes keep the
+/// other slots.
+const MAX_ZEROING_SLOTS: usize = URING_DEPTH / 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
@@ -67,6 +74,10 @@ pub(crate) struct UringChannel {
     done: CompletionQueue,
     zero_range_refused: bool,
     punch_hole_refused: bool,
+    /// Slots deallocating or writing zeroes now (at most [`MAX_ZEROING_SLOTS`]).
+    zeroing: usize,
+    /// Zeroings waiting for one of those, oldest first (not in front of reads and writes).
+    zero_waiting: VecDeque<BdevIo>,
 }
 
 fn is_refused(err: i32) -> bool {
@@ -96,6 +107,8 @@ impl UringChannel {
             done: CompletionQueue::new(2 * URING_DEPTH),
             zero_range_refused: false,
             punch_hole_refused: false,
+            zeroing: 0,
+            zero_waiting: VecDeque::with_capacity(URING_DEPTH),
         })
     }
 
@@ -145,12 +158,24 @@ impl UringChannel {
     }
 
     fn finish(&mut self, s: u32, result: super::IoResult) {
-        let io = self.slots[s as usize]
-            .io
-            .take()
-            .expect("finished slot holds an I/O");
+        let slot = &mut self.slots[s as usize];
+        let io = slot.io.take().expect("finished slot holds an I/O");
+        let was_zeroing = matches!(slot.op, Op::Fallocate { .. } | Op::Zeroing { .. });
         self.free.push(s);
         self.done.complete(io, result);
+        if was_zeroing {
+            self.zeroing -= 1;
+            // Waiting zeroings take the slots free now.
+            while self.zeroing < MAX_ZEROING_SLOTS {
+                let Some(io) = self.zero_waiting.pop_front() else {
+                    break;
+                };
+                if let Err(io) = self.submit(io) {
+                    self.zero_waiting.push_front(io);
+                    break;
+                }
+            }
+        }
     }
 
     fn on_cqe(&mut self, s: u32, res: i32) {
@@ -274,6 +299,13 @@ impl BdevChannel for UringChannel {
                 self.done.complete(io, Ok(()));
                 return Ok(());
             }
+            IoKind::WriteZeroes | IoKind::Unmap if self.zeroing >= MAX_ZEROING_SLOTS => {
+                if self.zero_waiting.len() >= URING_DEPTH {
+                    return Err(io);
+                }
+                self.zero_waiting.push_back(io);
+                return Ok(());
+            }
             IoKind::WriteZeroes | IoKind::Unmap => {
                 let punch = io.kind == IoKind::Unmap;
                 let refused = if punch {
@@ -309,6 +341,9 @@ impl BdevChannel for UringChannel {
         if !self.push(&sqe.user_data(user_data)) {
             return Err(io);
         }
+        if !matches!(op, Op::Single) {
+            self.zeroing += 1;
+        }
         self.free.pop();
         let slot = &mut self.slots[s as usize];
         *slot = Slot {
@@ -335,7 +370,7 @@ impl BdevChannel for UringChannel {
     }
 
     fn in_flight(&self) -> usize {
-        URING_DEPTH - self.free.len() + self.done.len()
+        URING_DEPTH - self.free.len() + self.done.len() + self.zero_waiting.len()
     }
 }
 
@@ -600,6 +635,66 @@ mod tests {
             }
         }
         assert_eq!(ch.in_flight(), 0, "the fdatasync step left nothing behind");
+    }
+
+    /// Zeroings past MAX_ZEROING_SLOTS wait in the channel without a slot (fallocate and
+    /// the zero-write fallback alike); reads still get one; every range ends up zero.
+    #[test]
+    fn zeroing_holds_a_bounded_share_of_the_slots() {
+        let zeroings = MAX_ZEROING_SLOTS as u64 + 8;
+        let blocks = zeroings * 4 + 4;
+        for fallback in [false, true] {
+            let f = TempFile::new("uring-zslots", blocks * 4096);
+            std::fs::write(f.path(), vec![0xABu8; (blocks * 4096) as usize]).unwrap();
+            let b = bdev(&f, 4096);
+            let mut ch = UringChannel::new(Arc::clone(&b.shared)).unwrap();
+            ch.zero_range_refused = fallback;
+            ch.punch_hole_refused = fallback;
+            for i in 0..zeroings {
+                let kind = if i % 2 == 0 {
+                    IoKind::Unmap
+                } else {
+                    IoKind::WriteZeroes
+                };
+                ch.submit(io(i, kind, i * 4, 4, None)).unwrap();
+            }
+            assert_eq!((ch.zeroing, ch.zero_waiting.len()), (MAX_ZEROING_SLOTS, 8));
+            assert_eq!(ch.free.len(), URING_DEPTH - MAX_ZEROING_SLOTS);
+            let pool = testutil::pool(4096, 1);
+            let read = io(
+                1000,
+                IoKind::Read,
+                blocks - 4,
+                1,
+                Some(testutil::buf(&pool, 4096)),
+            );
+            ch.submit(read).unwrap();
+            assert_eq!(ch.free.len(), URING_DEPTH - MAX_ZEROING_SLOTS - 1);
+            let mut seen = 0;
+            let start = std::time::Instant::now();
+            while seen < zeroings + 1 {
+                ch.poll(&mut |c| {
+                    assert_eq!(c.result, Ok(()), "I/O {}", c.tag);
+                    seen += 1;
+                });
+                assert!(ch.zeroing <= MAX_ZEROING_SLOTS);
+                assert!(
+                    start.elapsed() < std::time::Duration::from_secs(20),
+                    "{seen} done"
+                );
+            }
+            assert_eq!(
+                (ch.zeroing, ch.zero_waiting.len(), ch.in_flight()),
+                (0, 0, 0)
+            );
+            let data = std::fs::read(f.path()).unwrap();
+            let zeroed = (zeroings * 4 * 4096) as usize;
+            assert!(
+                data[..zeroed].iter().all(|&b| b == 0),
+                "fallback {fallback}"
+            );
+            assert!(data[zeroed..].iter().all(|&b| b == 0xAB));
+        }
     }
 
     #[test]
