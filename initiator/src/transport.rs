@@ -53,6 +53,10 @@ const GEN_MASK: u16 = u16::MAX >> SLOT_BITS;
 /// The deepest queue a CID can number.
 pub(crate) const MAX_QUEUE_DEPTH: u16 = 1 << SLOT_BITS;
 
+/// The smallest admin queue we work with: an AER, a keep-alive and a command at once, and
+/// one to spare.
+const MIN_ADMIN_CRQSIZE: u16 = 4;
+
 const SQE_LEN: usize = 64;
 const CQE_LEN: usize = 16;
 /// Work completions taken per `ibv_poll_cq`.
@@ -164,6 +168,9 @@ pub(crate) struct RdmaQueue<V: Verbs> {
     depth: u16,
     peer: SocketAddr,
     disconnected: bool,
+    /// A protocol fault found in a poll that had finished commands to hand back first: the
+    /// next poll reports it.
+    pending_fault: Option<QueueFault>,
 }
 
 fn cm_wait<V: Verbs>(
@@ -373,6 +380,7 @@ impl<V: Verbs> RdmaQueue<V> {
             depth,
             peer,
             disconnected: false,
+            pending_fault: None,
         };
         let all: Vec<u16> = (0..depth).collect();
         q.post_recvs(&all)
@@ -397,6 +405,19 @@ impl<V: Verbs> RdmaQueue<V> {
         let crqsize = RdmaCmAccept::read_from_prefix(&ev.private_data)
             .map(|(a, _)| a.crqsize.get())
             .unwrap_or(0);
+        // A receive queue this small leaves no room to work: on the admin queue the AER
+        // alone would fill it, and every later command (keep-alive among them) would wait
+        // for a slot for ever.
+        let least = if qid == 0 { MIN_ADMIN_CRQSIZE } else { 2 };
+        if crqsize != 0 && crqsize < least {
+            return Err(Error::Transport {
+                addr: peer,
+                qid,
+                detail: format!(
+                    "the target's receive queue holds {crqsize} commands, fewer than {least}"
+                ),
+            });
+        }
         if crqsize != 0 && crqsize < depth {
             // Submit no more than the target can take.
             q.depth = crqsize;
@@ -552,13 +573,37 @@ impl<V: Verbs> RdmaQueue<V> {
         out: &mut [(u16, Completion); POLL_BATCH],
         limit: usize,
     ) -> std::result::Result<usize, QueueFault> {
+        if let Some(fault) = self.pending_fault.take() {
+            return Err(fault);
+        }
+        let mut done = 0;
+        match self.poll_batch(out, limit, &mut done) {
+            Ok(()) => Ok(done),
+            // Commands of this batch that finished before the fault did finish: they are
+            // handed back (a write that landed must not be failed and resent), the fault
+            // at the next poll.
+            Err(fault) if done > 0 => {
+                self.disconnected = true;
+                self.pending_fault = Some(fault);
+                Ok(done)
+            }
+            Err(fault) => Err(fault),
+        }
+    }
+
+    fn poll_batch(
+        &mut self,
+        out: &mut [(u16, Completion); POLL_BATCH],
+        limit: usize,
+        done: &mut usize,
+    ) -> std::result::Result<(), QueueFault> {
         let limit = limit.clamp(1, POLL_BATCH);
         let n = self
             .cq
             .poll(&mut self.wcs[..limit])
             .map_err(|e| QueueFault::Verb(e.to_string()))?;
         if n == 0 {
-            return Ok(0);
+            return Ok(());
         }
         // Pass 1: copy the responses out and give their receive buffers back at once.
         let mut cqes = [Completion::default(); POLL_BATCH];
@@ -608,7 +653,6 @@ impl<V: Verbs> RdmaQueue<V> {
                 .map_err(|e| QueueFault::Verb(e.to_string()))?;
         }
         // Pass 2: pair sends, responses and invalidations.
-        let mut done = 0;
         let mut r = 0;
         for i in 0..n {
             let wr_id = self.wcs[i].wr_id();
@@ -674,11 +718,11 @@ impl<V: Verbs> RdmaQueue<V> {
                     ..Slot::default()
                 };
                 self.free.push_back(cid);
-                out[done] = (cid, cqe);
-                done += 1;
+                out[*done] = (cid, cqe);
+                *done += 1;
             }
         }
-        Ok(done)
+        Ok(())
     }
 
     /// A pending CM event that ends the connection (the target disconnected, the device

@@ -41,6 +41,10 @@ struct ScriptedTarget {
     queue: Option<Accepted>,
     last: Option<Completion>,
     replay_before_next: bool,
+    /// After its next answer, a response for a CID never sent.
+    stray_after_next: bool,
+    /// CRQSIZE in the accept.
+    crqsize: u16,
     sent: u64,
 }
 
@@ -60,6 +64,8 @@ impl ScriptedTarget {
             queue: None,
             last: None,
             replay_before_next: false,
+            stray_after_next: false,
+            crqsize: DEPTH,
             sent: 0,
         }
     }
@@ -93,6 +99,9 @@ impl ScriptedTarget {
             }
             Self::send(q, &mut self.sent, rsp);
             self.last = Some(rsp);
+            if std::mem::take(&mut self.stray_after_next) {
+                Self::send(q, &mut self.sent, Completion::new(0x0FFF, Status::SUCCESS));
+            }
             let sge = [q.commands.sge(slot * SQE_LEN, SQE_LEN).unwrap()];
             q.qp.post_recv(&[RecvWr::new(slot as u64, &sge)]).unwrap();
         }
@@ -117,7 +126,7 @@ impl ScriptedTarget {
             let sge = [commands.sge(slot * SQE_LEN, SQE_LEN).unwrap()];
             qp.post_recv(&[RecvWr::new(slot as u64, &sge)]).unwrap();
         }
-        let accept = RdmaCmAccept::new(DEPTH);
+        let accept = RdmaCmAccept::new(self.crqsize);
         id.accept(&ConnParams::with_private_data(accept.as_bytes()))
             .unwrap();
         self.queue = Some(Accepted {
@@ -149,20 +158,30 @@ fn target_turn() {
     });
 }
 
-/// A fabric with the scripted target listening, and the host's queue connected to it.
+/// A fabric with the scripted target listening, and the host's I/O queue 1 connected to it.
 fn connect() -> (SimFabric, RdmaQueue<SimVerbs>) {
+    let (fabric, q) = try_connect(1, |_| {});
+    (fabric, q.unwrap())
+}
+
+/// Connects queue `qid` to a scripted target set up by `script`.
+fn try_connect(
+    qid: u16,
+    script: impl FnOnce(&mut ScriptedTarget),
+) -> (SimFabric, Result<RdmaQueue<SimVerbs>>) {
     let fabric = SimFabric::new(SimConfig {
         seed: 1,
         ..SimConfig::default()
     });
     let target = fabric.add_host(TARGET);
     let host = fabric.add_host(HOST);
-    TARGET_SIDE.with(|t| *t.borrow_mut() = Some(ScriptedTarget::listen(&target)));
+    let mut scripted = ScriptedTarget::listen(&target);
+    script(&mut scripted);
+    TARGET_SIDE.with(|t| *t.borrow_mut() = Some(scripted));
     fabric.set_idle_hook(Some(Arc::new(target_turn)));
     let peer = SocketAddr::new(TARGET, PORT);
-    let (q, _pd) =
-        RdmaQueue::connect(&host, peer, None, 0, DEPTH, false, Duration::from_secs(1)).unwrap();
-    (fabric, q)
+    let q = RdmaQueue::connect(&host, peer, None, qid, DEPTH, false, Duration::from_secs(1));
+    (fabric, q.map(|(q, _pd)| q))
 }
 
 /// Submits a command whose CDW10 is `marker` and polls until the queue answers or fails.
@@ -226,5 +245,56 @@ fn slots_are_reused_oldest_first_with_a_new_generation_in_the_cid() {
     // Slots 0, 1, 0, 1; generations 1, 1, 2, 2.
     assert_eq!(cids, [0x1000, 0x1001, 0x2000, 0x2001]);
     drop(q);
+    TARGET_SIDE.with(|t| t.borrow_mut().take());
+}
+
+/// A response for a CID never sent, in the same batch as a real one: the real one is handed
+/// back as done (its write landed; failing and resending it would run it twice), the fault
+/// comes at the next poll.
+#[test]
+fn a_stray_response_after_a_good_one_fails_the_queue_after_handing_the_good_one_back() {
+    let (fabric, mut q) = connect();
+    TARGET_SIDE.with(|t| t.borrow_mut().as_mut().unwrap().stray_after_next = true);
+    let mut cmd = Command::default();
+    cmd.cdw10.set(0x5);
+    let slot = q
+        .submit(&mut cmd, Data::None)
+        .unwrap()
+        .expect("a free slot");
+    // Both responses (and the send's completion) arrive before the host looks.
+    for _ in 0..1000 {
+        target_turn();
+        fabric.step();
+    }
+    let mut out = [(0, Completion::default()); POLL_BATCH];
+    let n = q
+        .poll(&mut out, POLL_BATCH)
+        .expect("the good response first");
+    assert_eq!(n, 1);
+    assert_eq!((out[0].0, out[0].1.dw0.get()), (slot, 0x5));
+    match q.poll(&mut out, POLL_BATCH) {
+        Err(QueueFault::Protocol(why)) => assert!(why.contains("not outstanding"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        q.submit(&mut Command::default(), Data::None).is_err(),
+        "nothing more goes out on a broken queue"
+    );
+    drop(q);
+    TARGET_SIDE.with(|t| t.borrow_mut().take());
+}
+
+/// A target whose receive queue holds a single command: the admin queue could not carry an
+/// AER and anything else; the connection is refused with the reason.
+#[test]
+fn a_receive_queue_too_small_to_work_with_is_refused() {
+    for (qid, crqsize) in [(0, 3), (1, 1)] {
+        let (_fabric, q) = try_connect(qid, |t| t.crqsize = crqsize);
+        let e = q.err().expect("refused");
+        assert!(e.to_string().contains("fewer than"), "{e}");
+        TARGET_SIDE.with(|t| t.borrow_mut().take());
+    }
+    let (_fabric, q) = try_connect(1, |t| t.crqsize = 2);
+    drop(q.expect("two entries are enough for an I/O queue"));
     TARGET_SIDE.with(|t| t.borrow_mut().take());
 }
