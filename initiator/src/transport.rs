@@ -583,7 +583,12 @@ impl<V: Verbs> RdmaQueue<V> {
             // handed back (a write that landed must not be failed and resent), the fault
             // at the next poll.
             Err(fault) if done > 0 => {
-                self.disconnected = true;
+                // As the teardown would: the QP leaves the target no access to our memory,
+                // and the target hears of it.
+                if !self.disconnected {
+                    self.disconnected = true;
+                    let _ = self.id.disconnect();
+                }
                 self.pending_fault = Some(fault);
                 Ok(done)
             }

@@ -34,13 +34,15 @@ struct Accepted {
 }
 
 /// A target that answers every command with success, dw0 = the command's CDW10, and can be
-/// told to send, before its next answer, the last response it sent once more.
+/// told to send, before its next answer, one of its earlier responses once more.
 struct ScriptedTarget {
     channel: Channel,
     _listener: CmId,
     queue: Option<Accepted>,
-    last: Option<Completion>,
-    replay_before_next: bool,
+    /// Every response sent, oldest first.
+    sent_responses: Vec<Completion>,
+    /// Before its next answer, the response this many answers back is sent again.
+    replay_before_next: Option<usize>,
     /// After its next answer, a response for a CID never sent.
     stray_after_next: bool,
     /// CRQSIZE in the accept.
@@ -62,8 +64,8 @@ impl ScriptedTarget {
             channel,
             _listener: listener,
             queue: None,
-            last: None,
-            replay_before_next: false,
+            sent_responses: Vec::new(),
+            replay_before_next: None,
             stray_after_next: false,
             crqsize: DEPTH,
             sent: 0,
@@ -93,12 +95,12 @@ impl ScriptedTarget {
             let cmd = Command::read_from_bytes(&raw).unwrap();
             let mut rsp = Completion::new(cmd.cid.get(), Status::SUCCESS);
             rsp.dw0.set(cmd.cdw10.get());
-            if std::mem::take(&mut self.replay_before_next) {
-                let old = self.last.expect("a response to replay");
+            if let Some(back) = self.replay_before_next.take() {
+                let old = self.sent_responses[self.sent_responses.len() - back];
                 Self::send(q, &mut self.sent, old);
             }
             Self::send(q, &mut self.sent, rsp);
-            self.last = Some(rsp);
+            self.sent_responses.push(rsp);
             if std::mem::take(&mut self.stray_after_next) {
                 Self::send(q, &mut self.sent, Completion::new(0x0FFF, Status::SUCCESS));
             }
@@ -219,9 +221,11 @@ fn a_replayed_response_breaks_the_queue_and_completes_no_command() {
         let (_, cqe) = run(&fabric, &mut q, marker).unwrap();
         assert_eq!(cqe.dw0.get(), marker);
     }
-    // The third command reuses the first one's slot. The target first sends the second
-    // command's response again; then (had the queue survived) the third's.
-    TARGET_SIDE.with(|t| t.borrow_mut().as_mut().unwrap().replay_before_next = true);
+    // The third command reuses the first one's slot (slot 0, generation 2). The target
+    // first sends the first command's response again (slot 0, generation 1): the slot is
+    // busy, only its generation tells the two apart. Then (had the queue survived) the
+    // third's own.
+    TARGET_SIDE.with(|t| t.borrow_mut().as_mut().unwrap().replay_before_next = Some(2));
     match run(&fabric, &mut q, 0xC) {
         Err(QueueFault::Protocol(why)) => assert!(why.contains("not outstanding"), "{why}"),
         Ok((slot, cqe)) => panic!(

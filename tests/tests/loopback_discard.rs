@@ -338,12 +338,15 @@ fn deallocating_a_whole_disk_does_not_hold_up_another_hosts_read() {
     lab.subsystem(NQN, &["Big0"]);
     let mut a = linux_bring_up(&mut lab, NQN, 1);
     let mut b = linux_bring_up(&mut lab, NQN, 1);
-    let cid = a.cid();
-    expect_ok(&a.io(
-        &mut lab,
-        0,
-        with_buffer(Command::write(cid, 1, BIG_BLOCKS - 1, 1), vec![7; BS]),
-    ));
+    // Block 64 (in a range) and the last block (in a gap) hold data.
+    for block in [64, BIG_BLOCKS - 1] {
+        let cid = a.cid();
+        expect_ok(&a.io(
+            &mut lab,
+            0,
+            with_buffer(Command::write(cid, 1, block, 1), vec![7; BS]),
+        ));
+    }
     let ranges: Vec<(u64, u32)> = (0..256).map(|i| (i * 64, 63)).collect();
     let cid = a.cid();
     a.io[0].submit(linux_discard(cid, &ranges, false));

@@ -22,6 +22,9 @@ pub struct NamespaceInfo {
     pub blocks: u64,
 }
 
+/// The most active namespaces an active namespace list may give (a million: 4 MiB of IDs).
+pub const MAX_ACTIVE_NAMESPACES: usize = 1 << 20;
+
 /// The block sizes an application can use: 512 B to 64 KiB (LBADS 9 to 16). Linux takes
 /// no more than its page size; a target stating 0-byte or 2 GiB blocks is refused here,
 /// before an application divides by it or sizes buffers from it.
@@ -55,10 +58,11 @@ impl NamespaceInfo {
 }
 
 /// The NSIDs of one page of the active namespace list (up to the first 0), asked for after
-/// `after`. The list is in increasing order, each ID above `after`: a target answering
+/// `after`, of a controller of `nn` namespaces. The list is in increasing order, each ID
+/// above `after` and at most `nn`: a target answering
 /// anything else (the same page again, say) would keep the caller asking for ever, the list
 /// growing.
-fn active_list_page(raw: &[u8], after: u32) -> Result<Vec<u32>> {
+fn active_list_page(raw: &[u8], after: u32, nn: u32) -> Result<Vec<u32>> {
     let page: Vec<u32> = raw
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -69,6 +73,11 @@ fn active_list_page(raw: &[u8], after: u32) -> Result<Vec<u32>> {
         if id <= last || id == u32::MAX {
             return Err(Error::Invalid(format!(
                 "active namespace list: NSID {id} after {last} is out of order"
+            )));
+        }
+        if id > nn {
+            return Err(Error::Invalid(format!(
+                "active namespace list: NSID {id} is above the controller's NN ({nn})"
             )));
         }
         last = id;
@@ -88,17 +97,24 @@ impl<V: Verbs> Controller<V> {
         ))
     }
 
-    /// Active namespace IDs (Identify CNS 02h, all pages).
+    /// Active namespace IDs (Identify CNS 02h, all pages): at most Identify NN of them
+    /// (and at most [`MAX_ACTIVE_NAMESPACES`]), each at most NN.
     pub fn active_namespaces(&mut self) -> Result<Vec<u32>> {
+        let nn = self.info.identify.nn.get();
         let mut ids = Vec::new();
         let mut after = 0u32;
         loop {
+            if ids.len() >= MAX_ACTIVE_NAMESPACES {
+                return Err(Error::Invalid(format!(
+                    "the active namespace list goes on past {MAX_ACTIVE_NAMESPACES} entries"
+                )));
+            }
             let (_, raw) = self.admin_read(
                 Command::identify(0, Cns::ACTIVE_NAMESPACE_LIST, after, 0),
                 4096,
                 "Identify Active Namespace List",
             )?;
-            let page = active_list_page(&raw, after)?;
+            let page = active_list_page(&raw, after, nn)?;
             let full = page.len() == 1024;
             after = page.last().copied().unwrap_or(after);
             ids.extend(page);
@@ -220,14 +236,22 @@ mod tests {
 
     #[test]
     fn an_active_namespace_list_out_of_order_is_refused() {
-        assert_eq!(active_list_page(&list(&[1, 2, 7]), 0).unwrap(), [1, 2, 7]);
-        assert_eq!(active_list_page(&list(&[2000]), 1024).unwrap(), [2000]);
+        assert_eq!(
+            active_list_page(&list(&[1, 2, 7]), 0, 8).unwrap(),
+            [1, 2, 7]
+        );
+        assert_eq!(
+            active_list_page(&list(&[2000]), 1024, 4096).unwrap(),
+            [2000]
+        );
         // A target that ignores the starting NSID and sends the same page again.
         let full: Vec<u32> = (1..=1024).collect();
-        assert_eq!(active_list_page(&list(&full), 0).unwrap().len(), 1024);
-        assert!(active_list_page(&list(&full), 1024).is_err());
-        assert!(active_list_page(&list(&[3, 3]), 0).is_err());
-        assert!(active_list_page(&list(&[5, 4]), 0).is_err());
-        assert!(active_list_page(&list(&[u32::MAX]), 0).is_err());
+        assert_eq!(active_list_page(&list(&full), 0, 4096).unwrap().len(), 1024);
+        assert!(active_list_page(&list(&full), 1024, 4096).is_err());
+        assert!(active_list_page(&list(&[3, 3]), 0, 8).is_err());
+        assert!(active_list_page(&list(&[5, 4]), 0, 8).is_err());
+        assert!(active_list_page(&list(&[u32::MAX]), 0, u32::MAX).is_err());
+        // Beyond the controller's NN: a target counting on past its namespaces.
+        assert!(active_list_page(&list(&[1, 9]), 0, 8).is_err());
     }
 }

@@ -53,14 +53,17 @@ impl<V: Verbs> Controller<V> {
         self.events.push(ControllerEvent::Disconnected { reason });
     }
 
-    /// After a reconnect, once the association has stayed live for a reconnect delay (at
-    /// least a second) without an I/O queue asking for a reset: the loss is over, and the
-    /// next one gets a full ctrl_loss_tmo.
+    /// After a reconnect, once the association has stayed live without an I/O queue asking
+    /// for a reset for long enough that every I/O queue has had its chance to reconnect (a
+    /// reconnect delay, at least a second, plus four connect timeouts: the address, route,
+    /// connection and Connect command each wait up to one): the loss is over, and the next
+    /// one gets a full ctrl_loss_tmo.
     pub(super) fn settle_reconnect(&mut self) {
         let (Some(since), Some(policy)) = (self.live_since, self.shared.opts.reconnect) else {
             return;
         };
-        let settle = policy.delay.max(Duration::from_secs(1));
+        let settle =
+            policy.delay.max(Duration::from_secs(1)) + 4 * self.shared.opts.connect_timeout;
         if self.shared.verbs.now().saturating_duration_since(since) >= settle {
             self.live_since = None;
             self.lost_at = None;
@@ -119,8 +122,8 @@ impl<V: Verbs> Controller<V> {
                 }
                 s.cntlid.store(cntlid, Ordering::Release);
                 // `lost_at` stays until the association has held (`settle_reconnect`): one
-                // whose I/O queues fail to reconnect, and reset it at once, must not restart
-                // the ctrl_loss_tmo clock each time.
+                // whose I/O queues fail to reconnect, and reset it, must not restart the
+                // ctrl_loss_tmo clock each time.
                 self.live_since = Some(s.verbs.now());
                 s.state.store(STATE_LIVE, Ordering::Release);
                 tracing::info!(

@@ -259,14 +259,15 @@ impl MultipathCore {
                 Verdict::Retry
             }
             Class::PathDown => {
-                if self.out_of_retries(id) {
-                    return Verdict::Fail(status);
-                }
                 if matches!(status, IoStatus::ControllerLost) {
                     self.paths[path].link = Link::Lost;
                 } else if self.paths[path].link == Link::Up && !matches!(status, IoStatus::Nvme(_))
                 {
                     self.paths[path].link = Link::Down;
+                }
+                // After the path's state is updated: other I/Os must not be routed to it.
+                if self.out_of_retries(id) {
+                    return Verdict::Fail(status);
                 }
                 self.stats.failovers += 1;
                 self.waiting.push_back(Waiter {
@@ -428,6 +429,11 @@ mod tests {
             };
             assert_eq!(verdict, Verdict::Fail(status));
             assert_eq!(attempts, 1 + u32::from(MAX_PATH_RETRIES));
+            assert_eq!(
+                c.paths()[0].link,
+                Link::Up,
+                "an NVMe path error leaves the link"
+            );
             assert_eq!(c.stats().retries_exhausted, 1);
             assert_eq!(c.waiting(), 0);
             // A new I/O in the same slot starts with its full budget.
@@ -435,6 +441,28 @@ mod tests {
             assert_eq!(c.submit(5, t), Route::Path(0));
             assert_eq!(c.on_completion(5, 0, status, t), Verdict::Retry);
         }
+    }
+
+    /// The failure that uses up an I/O's last retry still marks its path: a lost
+    /// controller is not routed to again.
+    #[test]
+    fn the_last_retry_still_marks_a_lost_path() {
+        let t = Instant::now();
+        let mut c = core(Policy::ActivePassive, vec![OPT, OPT]);
+        assert_eq!(c.submit(2, t), Route::Path(0));
+        for _ in 0..MAX_PATH_RETRIES {
+            assert_eq!(
+                c.on_completion(2, 0, IoStatus::PathError, t),
+                Verdict::Retry
+            );
+            c.set_link(0, Link::Up);
+            let mut out = Vec::new();
+            c.ready(t, &mut out);
+        }
+        let v = c.on_completion(2, 0, IoStatus::ControllerLost, t);
+        assert_eq!(v, Verdict::Fail(IoStatus::ControllerLost));
+        assert_eq!(c.paths()[0].link, Link::Lost);
+        assert_eq!(c.select(t), Some(1));
     }
 
     #[test]

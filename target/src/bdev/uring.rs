@@ -63,6 +63,9 @@ struct Slot {
     /// Byte offset of the range (for fallocate's fallback).
     offset: u64,
     len: u64,
+    /// Counted in the channel's `zeroing` (a Write Zeroes or deallocation, through its
+    /// fallocate, zero writes and final fdatasync alike).
+    zeroing: bool,
 }
 
 pub(crate) struct UringChannel {
@@ -100,6 +103,7 @@ impl UringChannel {
                     expect: 0,
                     offset: 0,
                     len: 0,
+                    zeroing: false,
                 })
                 .collect(),
             free: (0..URING_DEPTH as u32).rev().collect(),
@@ -160,20 +164,23 @@ impl UringChannel {
     fn finish(&mut self, s: u32, result: super::IoResult) {
         let slot = &mut self.slots[s as usize];
         let io = slot.io.take().expect("finished slot holds an I/O");
-        let was_zeroing = matches!(slot.op, Op::Fallocate { .. } | Op::Zeroing { .. });
+        if std::mem::take(&mut slot.zeroing) {
+            self.zeroing -= 1;
+        }
         self.free.push(s);
         self.done.complete(io, result);
-        if was_zeroing {
-            self.zeroing -= 1;
-            // Waiting zeroings take the slots free now.
-            while self.zeroing < MAX_ZEROING_SLOTS {
-                let Some(io) = self.zero_waiting.pop_front() else {
-                    break;
-                };
-                if let Err(io) = self.submit(io) {
-                    self.zero_waiting.push_front(io);
-                    break;
-                }
+    }
+
+    /// Waiting zeroings take the zeroing slots free now (from `poll`, once the completions
+    /// are handed over, so `done` has room).
+    fn start_waiting_zeroing(&mut self) {
+        while self.zeroing < MAX_ZEROING_SLOTS {
+            let Some(io) = self.zero_waiting.pop_front() else {
+                return;
+            };
+            if let Err(io) = self.submit(io) {
+                self.zero_waiting.push_front(io);
+                return;
             }
         }
     }
@@ -341,9 +348,8 @@ impl BdevChannel for UringChannel {
         if !self.push(&sqe.user_data(user_data)) {
             return Err(io);
         }
-        if !matches!(op, Op::Single) {
-            self.zeroing += 1;
-        }
+        let zeroing = !matches!(op, Op::Single);
+        self.zeroing += usize::from(zeroing);
         self.free.pop();
         let slot = &mut self.slots[s as usize];
         *slot = Slot {
@@ -352,6 +358,7 @@ impl BdevChannel for UringChannel {
             expect,
             offset,
             len,
+            zeroing,
         };
         Ok(())
     }
@@ -366,7 +373,11 @@ impl BdevChannel for UringChannel {
             // Continuations of the zeroing fallback.
             let _ = self.ring.submit();
         }
-        self.done.drain(done)
+        let n = self.done.drain(done);
+        if !self.zero_waiting.is_empty() {
+            self.start_waiting_zeroing();
+        }
+        n
     }
 
     fn in_flight(&self) -> usize {
@@ -656,7 +667,10 @@ mod tests {
                 } else {
                     IoKind::WriteZeroes
                 };
-                ch.submit(io(i, kind, i * 4, 4, None)).unwrap();
+                // Some with FUA: their final fdatasync is still part of the zeroing.
+                let mut z = io(i, kind, i * 4, 4, None);
+                z.fua = i % 3 == 0;
+                ch.submit(z).unwrap();
             }
             assert_eq!((ch.zeroing, ch.zero_waiting.len()), (MAX_ZEROING_SLOTS, 8));
             assert_eq!(ch.free.len(), URING_DEPTH - MAX_ZEROING_SLOTS);

@@ -517,10 +517,13 @@ fn on_connect_request<V: Verbs>(
             .min_by_key(|&i| groups[i].load.load(Ordering::Relaxed))
             .expect("non-empty")
     };
-    // A reactor counts a connection in its load before it stops counting it as accepting:
-    // this sum may count one twice for a moment, never zero times.
-    let loads: usize = groups.iter().map(|g| g.load.load(Ordering::Relaxed)).sum();
-    let qpairs_now = loads + shared.accepting.fetch_add(1, Ordering::AcqRel);
+    // A reactor counts a connection in its load before it stops counting it as accepting
+    // (a release). Reading `accepting` first (an acquire) and the loads after, a connection
+    // missing from `accepting` is in a load: the sum may count one twice for a moment, never
+    // zero times.
+    let accepting = shared.accepting.fetch_add(1, Ordering::AcqRel);
+    let loads: usize = groups.iter().map(|g| g.load.load(Ordering::Acquire)).sum();
+    let qpairs_now = loads + accepting;
     let entry = &groups[chosen];
     let (handle, tidx) = (entry.handle.clone(), entry.transport_index);
     drop(groups);
