@@ -5,6 +5,7 @@
 pub mod chaos;
 pub mod hostile;
 pub mod sim;
+pub mod watched_bdev;
 
 use std::sync::Arc;
 

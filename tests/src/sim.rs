@@ -257,26 +257,32 @@ impl SimLab {
 
     /// What reactor `i`'s RDMA poll group holds now.
     pub fn resources(&mut self, i: usize) -> PollGroupResources {
+        self.rdma_group(i, |g| g.resources())
+    }
+
+    /// `f` on reactor `i`'s RDMA poll group.
+    fn rdma_group<R>(&mut self, i: usize, f: impl FnOnce(&mut RdmaPollGroup<SimVerbs>) -> R) -> R {
         self.pgs[i]
             .with_transport(0, |t, _| {
-                t.as_any_mut()
+                f(t.as_any_mut()
                     .downcast_mut::<RdmaPollGroup<SimVerbs>>()
-                    .expect("the RDMA poll group")
-                    .resources()
+                    .expect("the RDMA poll group"))
             })
             .expect("transport 0")
     }
 
+    /// Sets the target's `max_qpairs` (as `nvmf_set_config` does).
+    pub fn set_max_qpairs(&mut self, n: u32) {
+        self.target
+            .info
+            .qpair_limits
+            .max_total
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Reactor `i`'s qpairs: (queue ID, QP number) each.
     pub fn queue_qp_numbers(&mut self, i: usize) -> Vec<(Option<u16>, u32)> {
-        self.pgs[i]
-            .with_transport(0, |t, _| {
-                t.as_any_mut()
-                    .downcast_mut::<RdmaPollGroup<SimVerbs>>()
-                    .expect("the RDMA poll group")
-                    .queue_qp_numbers()
-            })
-            .expect("transport 0")
+        self.rdma_group(i, |g| g.queue_qp_numbers())
     }
 
     /// Runs the fabric in 50 ms steps (virtual), at most `steps` of them, until reactor 0

@@ -2,83 +2,34 @@
 //! the hosts on that reactor get an answer for every I/O, and `nvmf_subsystem_add_ns` fails
 //! and takes the namespace back out instead of leaving it broken on one reactor.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvmf_common::spec::command::Command;
 use nvmf_common::spec::Status;
-use nvmf_target::bdev::{Bdev, BdevChannel, BdevError, BdevRef, IoKind, MallocBdev};
+use nvmf_target::bdev::BdevRef;
 use nvmf_target::core::TargetInfo;
 use nvmf_target::reactor::{start_reactors, stop_reactors};
 use nvmf_target::rpc::{self, Control};
 use nvmf_target::target::{NamespaceOptions, Target};
 use nvmf_target::transport::options::TransportOptions;
 use nvmf_target::transport::TransportError;
+use nvmf_tests::watched_bdev::WatchedMalloc;
 use nvmf_tests::*;
 use serde_json::{json, Value};
 
 const NQN: &str = "nqn.2016-06.io.spdk:chan";
 
-/// A RAM disk that lets only `opens_left` channels open; later opens fail with `EAGAIN`, as
-/// `io_setup` does past `aio-max-nr`.
-struct RationedOpens {
-    base: MallocBdev,
-    opens_left: AtomicUsize,
-}
-
-impl RationedOpens {
-    fn new(name: &str, opens: usize) -> Arc<Self> {
-        Arc::new(Self {
-            base: MallocBdev::new(name, 64, 512, None).unwrap(),
-            opens_left: AtomicUsize::new(opens),
-        })
-    }
-}
-
-impl Bdev for RationedOpens {
-    fn name(&self) -> &str {
-        self.base.name()
-    }
-    fn product_name(&self) -> &'static str {
-        "Rationed disk"
-    }
-    fn block_size(&self) -> u32 {
-        self.base.block_size()
-    }
-    fn num_blocks(&self) -> u64 {
-        self.base.num_blocks()
-    }
-    fn uuid(&self) -> [u8; 16] {
-        self.base.uuid()
-    }
-    fn supports(&self, kind: IoKind) -> bool {
-        self.base.supports(kind)
-    }
-    fn open_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
-        let granted = self
-            .opens_left
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        match granted {
-            Ok(_) => self.base.open_channel(),
-            Err(_) => Err(BdevError::Io {
-                what: "io_setup".into(),
-                source: std::io::Error::from_raw_os_error(libc::EAGAIN),
-            }),
-        }
-    }
-    fn config_entry(&self) -> Value {
-        self.base.config_entry()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
+/// A RAM disk of which only `opens` channels open.
+fn rationed(name: &str, opens: usize) -> Arc<WatchedMalloc> {
+    Arc::new(WatchedMalloc::new(name, 64, 512, opens))
 }
 
 #[test]
 fn io_on_a_reactor_without_a_channel_fails_as_not_ready() {
     let mut lab = LoopbackLab::default();
-    let bdev: BdevRef = RationedOpens::new("Rationed0", 0);
+    let bdev: BdevRef = rationed("Rationed0", 0);
     lab.target.bdevs.register(bdev).unwrap();
     lab.malloc("Malloc0", 64, 512);
     lab.subsystem(NQN, &["Rationed0", "Malloc0"]);
@@ -131,6 +82,13 @@ fn call(c: &mut Control, method: &str, params: Value) -> Result<Value, nvmf_rpc:
     rpc::dispatch(c, method, Some(params))
 }
 
+/// Registers `disk` and creates the subsystem (no namespace yet).
+fn with_subsystem(c: &mut Control, disk: BdevRef) {
+    c.target.bdevs.register(disk).unwrap();
+    let params = json!({"nqn": NQN, "allow_any_host": true});
+    call(c, "nvmf_create_subsystem", params).unwrap();
+}
+
 fn namespaces(c: &mut Control) -> Vec<Value> {
     let subs = call(c, "nvmf_get_subsystems", json!({"nqn": NQN})).unwrap();
     subs[0]["namespaces"]
@@ -143,15 +101,8 @@ fn namespaces(c: &mut Control) -> Vec<Value> {
 fn add_ns_fails_and_takes_the_namespace_back_when_a_reactor_cannot_open_it() {
     let (mut c, reactors) = control_on_two_reactors();
     // One reactor gets its channel, the other is refused.
-    let rationed = RationedOpens::new("Rationed0", 1);
-    let bdev: BdevRef = rationed.clone();
-    c.target.bdevs.register(bdev).unwrap();
-    call(
-        &mut c,
-        "nvmf_create_subsystem",
-        json!({"nqn": NQN, "allow_any_host": true}),
-    )
-    .unwrap();
+    let disk = rationed("Rationed0", 1);
+    with_subsystem(&mut c, disk.clone());
     let add = json!({"nqn": NQN, "namespace": {"bdev_name": "Rationed0", "nsid": 1}});
     let e = call(&mut c, "nvmf_subsystem_add_ns", add.clone()).unwrap_err();
     assert_eq!(e.code, -libc::EAGAIN, "{e}");
@@ -175,10 +126,10 @@ fn add_ns_fails_and_takes_the_namespace_back_when_a_reactor_cannot_open_it() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    rationed.opens_left.store(2, Ordering::SeqCst);
+    disk.watch.opens_left.store(2, Ordering::SeqCst);
     assert_eq!(call(&mut c, "nvmf_subsystem_add_ns", add).unwrap(), 1);
     assert_eq!(namespaces(&mut c).len(), 1);
-    assert_eq!(rationed.opens_left.load(Ordering::SeqCst), 0);
+    assert_eq!(disk.watch.opens_left.load(Ordering::SeqCst), 0);
     drop(c);
     stop_reactors(reactors);
 }
@@ -188,14 +139,7 @@ fn add_ns_through_the_target_alone_keeps_the_namespace_on_both_reactors_answerin
     // Without the RPC's check (the API the test labs use), the namespace stays: the reactor
     // without a channel answers its hosts Namespace Not Ready (the first test), and says why.
     let (mut c, reactors) = control_on_two_reactors();
-    let bdev: BdevRef = RationedOpens::new("Rationed0", 1);
-    c.target.bdevs.register(bdev).unwrap();
-    call(
-        &mut c,
-        "nvmf_create_subsystem",
-        json!({"nqn": NQN, "allow_any_host": true}),
-    )
-    .unwrap();
+    with_subsystem(&mut c, rationed("Rationed0", 1));
     let opts = NamespaceOptions {
         bdev_name: "Rationed0".into(),
         ..Default::default()

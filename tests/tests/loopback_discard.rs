@@ -8,16 +8,13 @@
 //! keyed SGL with the Invalidate subtype. Either way the SGL says 4096 bytes while the command
 //! needs (NR + 1) * 16.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use nvmf_common::spec::command::{Command, DsmRange};
 use nvmf_common::spec::identify::SGLS_OVERSIZED;
 use nvmf_common::spec::sgl::SglDescriptor;
 use nvmf_common::spec::Status;
-use nvmf_target::bdev::{
-    Bdev, BdevChannel, BdevCompletion, BdevError, BdevIo, IoKind, MallocBdev, Submitted,
-};
+use nvmf_tests::watched_bdev::WatchedMalloc;
 use nvmf_tests::*;
 use zerocopy::IntoBytes;
 
@@ -204,92 +201,20 @@ fn oversized_sgls_move_exactly_the_transfer() {
     assert_eq!(r.cqe.status(), Status::DATA_SGL_LENGTH_INVALID.with_dnr());
 }
 
-/// A RAM disk that counts the deallocations its channels are given, in I/Os and blocks.
-struct CountingUnmaps {
-    base: MallocBdev,
-    unmaps: Arc<AtomicU64>,
-    blocks: Arc<AtomicU64>,
-}
-
-struct CountingChannel {
-    base: Box<dyn BdevChannel>,
-    unmaps: Arc<AtomicU64>,
-    blocks: Arc<AtomicU64>,
-}
-
-impl CountingChannel {
-    fn count(&self, io: &BdevIo) {
-        if io.kind == IoKind::Unmap {
-            self.unmaps.fetch_add(1, Ordering::Relaxed);
-            self.blocks.fetch_add(io.num_blocks, Ordering::Relaxed);
-        }
-    }
-}
-
-impl BdevChannel for CountingChannel {
-    fn submit(&mut self, io: BdevIo) -> Result<(), BdevIo> {
-        self.count(&io);
-        self.base.submit(io)
-    }
-    fn submit_now(&mut self, io: BdevIo) -> Submitted {
-        self.count(&io);
-        self.base.submit_now(io)
-    }
-    fn poll(&mut self, done: &mut dyn FnMut(BdevCompletion)) -> usize {
-        self.base.poll(done)
-    }
-    fn in_flight(&self) -> usize {
-        self.base.in_flight()
-    }
-}
-
-impl Bdev for CountingUnmaps {
-    fn name(&self) -> &str {
-        self.base.name()
-    }
-    fn product_name(&self) -> &'static str {
-        "Counting disk"
-    }
-    fn block_size(&self) -> u32 {
-        self.base.block_size()
-    }
-    fn num_blocks(&self) -> u64 {
-        self.base.num_blocks()
-    }
-    fn uuid(&self) -> [u8; 16] {
-        self.base.uuid()
-    }
-    fn supports(&self, kind: IoKind) -> bool {
-        self.base.supports(kind)
-    }
-    fn open_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
-        Ok(Box::new(CountingChannel {
-            base: self.base.open_channel()?,
-            unmaps: Arc::clone(&self.unmaps),
-            blocks: Arc::clone(&self.blocks),
-        }))
-    }
-    fn config_entry(&self) -> serde_json::Value {
-        self.base.config_entry()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
 /// A host that repeats one range, or overlaps its ranges, in a Deallocate gets each block
 /// deallocated once: 256 copies of the whole namespace in one 4 KiB command must not cost
 /// the backend 256 passes over the device (AIO writes zeroes for each).
 #[test]
 fn overlapping_and_repeated_ranges_deallocate_each_block_once() {
     let mut lab = LoopbackLab::default();
-    let (unmaps, blocks) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let bdev = CountingUnmaps {
-        base: MallocBdev::new("Counted0", BLOCKS, BS as u32, None).unwrap(),
-        unmaps: Arc::clone(&unmaps),
-        blocks: Arc::clone(&blocks),
-    };
-    lab.target.bdevs.register(Arc::new(bdev)).unwrap();
+    let disk = Arc::new(WatchedMalloc::new(
+        "Counted0",
+        BLOCKS,
+        BS as u32,
+        usize::MAX,
+    ));
+    let watch = Arc::clone(&disk.watch);
+    lab.target.bdevs.register(disk).unwrap();
     lab.subsystem(NQN, &["Counted0"]);
     let mut ctrl = linux_bring_up(&mut lab, NQN, 1);
 
@@ -297,29 +222,17 @@ fn overlapping_and_repeated_ranges_deallocate_each_block_once() {
     let cid = ctrl.cid();
     let r = ctrl.io(&mut lab, 0, linux_discard(cid, &whole, false));
     assert_eq!(r.cqe.status(), Status::SUCCESS);
-    assert_eq!(
-        (
-            unmaps.load(Ordering::Relaxed),
-            blocks.load(Ordering::Relaxed)
-        ),
-        (1, BLOCKS),
-        "256 copies of the namespace"
-    );
+    assert_eq!(watch.unmaps(), (1, BLOCKS), "256 copies of the namespace");
 
     let overlapping: &[(u64, u32)] = &[(100, 4), (0, 10), (5, 10), (100, 1), (15, 1), (900, 2)];
     let before = fill(&mut lab, &mut ctrl, 3);
-    let (unmaps0, blocks0) = (
-        unmaps.load(Ordering::Relaxed),
-        blocks.load(Ordering::Relaxed),
-    );
+    let (unmaps0, blocks0) = watch.unmaps();
     let cid = ctrl.cid();
     let r = ctrl.io(&mut lab, 0, linux_discard(cid, overlapping, true));
     assert_eq!(r.cqe.status(), Status::SUCCESS);
+    let (unmaps1, blocks1) = watch.unmaps();
     assert_eq!(
-        (
-            unmaps.load(Ordering::Relaxed) - unmaps0,
-            blocks.load(Ordering::Relaxed) - blocks0
-        ),
+        (unmaps1 - unmaps0, blocks1 - blocks0),
         (3, 16 + 4 + 2),
         "blocks 0..16, 100..104 and 900..902"
     );

@@ -703,14 +703,8 @@ fn a_fatal_device_event_closes_everything_and_the_device_is_rebuilt() {
 /// frees room again.
 #[test]
 fn max_qpairs_holds_at_the_rdma_connect_and_idle_connections_expire() {
-    use std::sync::atomic::Ordering;
     let mut lab = SimLab::new(10);
-    lab.pgs[0]
-        .core
-        .info
-        .qpair_limits
-        .max_total
-        .store(3, Ordering::Relaxed);
+    lab.set_max_qpairs(3);
     let host = lab.fabric.add_host(host_ip(1));
     let mut idle = Vec::new();
     for qid in 0..3 {
@@ -1268,14 +1262,8 @@ fn writes_of_a_host_that_takes_no_responses_hold_no_data_buffer() {
 /// to a reactor. The refused ones leave nothing behind in the acceptor either.
 #[test]
 fn a_burst_of_connects_cannot_pass_max_qpairs_together() {
-    use std::sync::atomic::Ordering;
     let mut lab = SimLab::new(13);
-    lab.pgs[0]
-        .core
-        .info
-        .qpair_limits
-        .max_total
-        .store(3, Ordering::Relaxed);
+    lab.set_max_qpairs(3);
     let host = lab.fabric.add_host(host_ip(1));
     let pending: Vec<PendingConnect> = (0..6)
         .map(|_| HostQueue::prepare_connect(&mut lab, &host, 0, 8))

@@ -754,63 +754,20 @@ mod tests {
     /// writes still get one; every zeroing completes and leaves its range zero.
     #[test]
     fn zeroing_holds_a_bounded_share_of_the_slots() {
-        let zeroings = MAX_ZEROING_SLOTS as u64 + 8;
-        let blocks = zeroings * 4 + 4;
-        let f = TempFile::new("aio-zslots", blocks * 4096);
-        std::fs::write(f.path(), vec![0xABu8; (blocks * 4096) as usize]).unwrap();
+        let f = testutil::zeroing_file("aio-zslots", MAX_ZEROING_SLOTS);
         let bdev = AioBdev::new("a", f.path(), Some(4096), false, None).unwrap();
         let mut ch = AioChannel::new(Arc::clone(&bdev.shared)).unwrap();
-        for i in 0..zeroings {
-            let kind = if i % 2 == 0 {
-                IoKind::Unmap
-            } else {
-                IoKind::WriteZeroes
-            };
-            // Some with FUA: their final fdatasync is still part of the zeroing.
-            let mut z = io(i, kind, i * 4, 4, None);
-            z.fua = i % 3 == 0;
-            ch.submit(z).unwrap();
-        }
-        assert_eq!(ch.zeroing, MAX_ZEROING_SLOTS);
-        assert_eq!(ch.zero_waiting.len(), 8);
-        assert_eq!(
-            ch.free.len(),
-            AIO_DEPTH - MAX_ZEROING_SLOTS,
-            "reads and writes keep the rest"
+        testutil::zeroing_holds_a_bounded_share(
+            &mut ch,
+            f.path(),
+            AIO_DEPTH,
+            MAX_ZEROING_SLOTS,
+            |ch| testutil::ZeroingView {
+                zeroing: ch.zeroing,
+                waiting: ch.zero_waiting.len(),
+                free: ch.free.len(),
+            },
         );
-        assert_eq!(ch.in_flight(), zeroings as usize);
-        // A read gets a slot at once, behind no zeroing.
-        let pool = testutil::pool(4096, 1);
-        let read = io(
-            1000,
-            IoKind::Read,
-            blocks - 4,
-            1,
-            Some(testutil::buf(&pool, 4096)),
-        );
-        ch.submit(read).unwrap();
-        assert_eq!(ch.free.len(), AIO_DEPTH - MAX_ZEROING_SLOTS - 1);
-        let mut seen = 0;
-        let start = std::time::Instant::now();
-        while seen < zeroings + 1 {
-            ch.poll(&mut |c| {
-                assert_eq!(c.result, Ok(()), "I/O {}", c.tag);
-                seen += 1;
-            });
-            assert!(ch.zeroing <= MAX_ZEROING_SLOTS);
-            assert!(
-                start.elapsed() < std::time::Duration::from_secs(20),
-                "{seen} done"
-            );
-        }
-        assert_eq!(
-            (ch.zeroing, ch.zero_waiting.len(), ch.in_flight()),
-            (0, 0, 0)
-        );
-        let data = std::fs::read(f.path()).unwrap();
-        let zeroed = (zeroings * 4 * 4096) as usize;
-        assert!(data[..zeroed].iter().all(|&b| b == 0));
-        assert!(data[zeroed..].iter().all(|&b| b == 0xAB));
     }
 
     #[test]

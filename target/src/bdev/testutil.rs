@@ -278,3 +278,77 @@ pub fn full_channel_hands_io_back_and_drop_waits(bdev: &dyn crate::bdev::Bdev, d
     drop(ch);
     assert_eq!(pool.available(), depth + 1);
 }
+
+/// What a file channel's zeroing accounting shows a test: slots zeroing, zeroings waiting
+/// for one, free slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZeroingView {
+    pub zeroing: usize,
+    pub waiting: usize,
+    pub free: usize,
+}
+
+/// The bounded-zeroing contract of a file channel with `depth` slots of which at most `max`
+/// may zero: `max + 8` zeroings (some with FUA) of 4 blocks each on `file` (of 4 KiB
+/// blocks, filled with 0xAB, with 4 blocks to spare) leave `depth - max` slots to a read,
+/// which gets one at once; all complete, the count stays within `max` throughout and ends
+/// at 0, and exactly the zeroed ranges are zero.
+pub fn zeroing_holds_a_bounded_share<C: BdevChannel>(
+    ch: &mut C,
+    file: &str,
+    depth: usize,
+    max: usize,
+    view: impl Fn(&C) -> ZeroingView,
+) {
+    let zeroings = max as u64 + 8;
+    for i in 0..zeroings {
+        let kind = if i % 2 == 0 {
+            IoKind::Unmap
+        } else {
+            IoKind::WriteZeroes
+        };
+        // Some with FUA: their final sync is still part of the zeroing.
+        let mut z = io(i, kind, i * 4, 4, None);
+        z.fua = i % 3 == 0;
+        ch.submit(z).unwrap();
+    }
+    let want = |zeroing, waiting, free| ZeroingView {
+        zeroing,
+        waiting,
+        free,
+    };
+    assert_eq!(view(ch), want(max, 8, depth - max));
+    let pool = pool(4096, 1);
+    let read = io(1000, IoKind::Read, zeroings * 4, 1, Some(buf(&pool, 4096)));
+    ch.submit(read).unwrap();
+    assert_eq!(
+        view(ch).free,
+        depth - max - 1,
+        "the read got a slot at once"
+    );
+    let mut seen = 0;
+    let start = Instant::now();
+    while seen < zeroings + 1 {
+        ch.poll(&mut |c| {
+            assert_eq!(c.result, Ok(()), "I/O {}", c.tag);
+            seen += 1;
+        });
+        assert!(view(ch).zeroing <= max);
+        assert!(start.elapsed() < HANG, "{seen} done");
+    }
+    assert_eq!(view(ch), want(0, 0, depth));
+    assert_eq!(ch.in_flight(), 0);
+    let data = std::fs::read(file).unwrap();
+    let zeroed = (zeroings * 4 * 4096) as usize;
+    assert!(data[..zeroed].iter().all(|&b| b == 0));
+    assert!(data[zeroed..].iter().all(|&b| b == 0xAB));
+}
+
+/// A file of `blocks` 4 KiB blocks of 0xAB, for [`zeroing_holds_a_bounded_share`] with at
+/// most `max` zeroing slots.
+pub fn zeroing_file(name: &str, max: usize) -> super::file::TempFile {
+    let blocks = (max as u64 + 8) * 4 + 4;
+    let f = super::file::TempFile::new(name, blocks * 4096);
+    std::fs::write(f.path(), vec![0xABu8; (blocks * 4096) as usize]).unwrap();
+    f
+}

@@ -652,62 +652,23 @@ mod tests {
     /// the zero-write fallback alike); reads still get one; every range ends up zero.
     #[test]
     fn zeroing_holds_a_bounded_share_of_the_slots() {
-        let zeroings = MAX_ZEROING_SLOTS as u64 + 8;
-        let blocks = zeroings * 4 + 4;
         for fallback in [false, true] {
-            let f = TempFile::new("uring-zslots", blocks * 4096);
-            std::fs::write(f.path(), vec![0xABu8; (blocks * 4096) as usize]).unwrap();
+            let f = testutil::zeroing_file("uring-zslots", MAX_ZEROING_SLOTS);
             let b = bdev(&f, 4096);
             let mut ch = UringChannel::new(Arc::clone(&b.shared)).unwrap();
             ch.zero_range_refused = fallback;
             ch.punch_hole_refused = fallback;
-            for i in 0..zeroings {
-                let kind = if i % 2 == 0 {
-                    IoKind::Unmap
-                } else {
-                    IoKind::WriteZeroes
-                };
-                // Some with FUA: their final fdatasync is still part of the zeroing.
-                let mut z = io(i, kind, i * 4, 4, None);
-                z.fua = i % 3 == 0;
-                ch.submit(z).unwrap();
-            }
-            assert_eq!((ch.zeroing, ch.zero_waiting.len()), (MAX_ZEROING_SLOTS, 8));
-            assert_eq!(ch.free.len(), URING_DEPTH - MAX_ZEROING_SLOTS);
-            let pool = testutil::pool(4096, 1);
-            let read = io(
-                1000,
-                IoKind::Read,
-                blocks - 4,
-                1,
-                Some(testutil::buf(&pool, 4096)),
+            testutil::zeroing_holds_a_bounded_share(
+                &mut ch,
+                f.path(),
+                URING_DEPTH,
+                MAX_ZEROING_SLOTS,
+                |ch| testutil::ZeroingView {
+                    zeroing: ch.zeroing,
+                    waiting: ch.zero_waiting.len(),
+                    free: ch.free.len(),
+                },
             );
-            ch.submit(read).unwrap();
-            assert_eq!(ch.free.len(), URING_DEPTH - MAX_ZEROING_SLOTS - 1);
-            let mut seen = 0;
-            let start = std::time::Instant::now();
-            while seen < zeroings + 1 {
-                ch.poll(&mut |c| {
-                    assert_eq!(c.result, Ok(()), "I/O {}", c.tag);
-                    seen += 1;
-                });
-                assert!(ch.zeroing <= MAX_ZEROING_SLOTS);
-                assert!(
-                    start.elapsed() < std::time::Duration::from_secs(20),
-                    "{seen} done"
-                );
-            }
-            assert_eq!(
-                (ch.zeroing, ch.zero_waiting.len(), ch.in_flight()),
-                (0, 0, 0)
-            );
-            let data = std::fs::read(f.path()).unwrap();
-            let zeroed = (zeroings * 4 * 4096) as usize;
-            assert!(
-                data[..zeroed].iter().all(|&b| b == 0),
-                "fallback {fallback}"
-            );
-            assert!(data[zeroed..].iter().all(|&b| b == 0xAB));
         }
     }
 
