@@ -60,13 +60,21 @@ impl DiscoveryEntry {
         }
     }
 
-    /// A transport ID for this entry's subsystem (RDMA entries only).
+    /// A transport ID for this entry's subsystem (RDMA entries with a numeric address only).
     pub fn transport_id(&self) -> Option<TransportId> {
-        if self.trtype != 1 {
+        if self.trtype != 1 || self.traddr.parse::<std::net::IpAddr>().is_err() {
             return None;
         }
         let port = self.trsvcid.parse().ok()?;
         Some(TransportId::rdma(&self.traddr, port, &self.subnqn))
+    }
+}
+
+/// Whether `traddr` is a numeric address of family `adrfam`.
+fn numeric_address_of(traddr: &str, adrfam: AddressFamily) -> bool {
+    match traddr.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_ipv6() == (adrfam == AddressFamily::IPv6),
+        Err(_) => false,
     }
 }
 
@@ -165,6 +173,15 @@ pub fn attach_plan(source: &TransportId, log: &DiscoveryLog) -> AttachPlan {
         };
         if e.traddr.is_empty() || e.subnqn.is_empty() {
             plan.skipped.push(format!("{what}: no address or no NQN"));
+            continue;
+        }
+        // An IPv4 or IPv6 entry's TRADDR is an address (NVMe-oF, Discovery Log Page Entry).
+        // A name would be looked up in DNS, blocking, at a name the target chose.
+        if !numeric_address_of(&e.traddr, adrfam) {
+            plan.skipped.push(format!(
+                "{what}: traddr {:?} is not an {adrfam:?} address",
+                e.traddr
+            ));
             continue;
         }
         let tid = TransportId {
@@ -324,6 +341,8 @@ mod tests {
                 entry(2, 1, 1, "10.0.0.1", "x", "nqn.bad-port"),
                 entry(2, 1, 1, "10.0.0.1", "4420", "nqn.2016-06.io.spdk:cnode1"),
                 entry(7, 1, 1, "10.0.0.1", "4420", "nqn.future"),
+                entry(2, 1, 1, "target.example", "4420", "nqn.by-name"),
+                entry(2, 1, 1, "fe80::3", "4420", "nqn.v6-as-v4"),
             ],
         };
         let plan = attach_plan(&source, &log);
@@ -336,7 +355,7 @@ mod tests {
                 "trtype:RDMA adrfam:IPv6 traddr:fe80::2 trsvcid:4420 subnqn:nqn.v6 hostnqn:nqn.h:1 ns:2",
             ]
         );
-        assert_eq!(plan.skipped.len(), 7, "{:#?}", plan.skipped);
+        assert_eq!(plan.skipped.len(), 9, "{:#?}", plan.skipped);
         for (needle, why) in [
             ("entry 0 ", "discovery subsystem itself"),
             ("entry 2 ", "referral"),
@@ -345,6 +364,8 @@ mod tests {
             ("entry 7 ", "not a port"),
             ("entry 8 ", "listed twice"),
             ("entry 9 ", "unknown subsystem type 7"),
+            ("entry 10 ", "not an IPv4 address"),
+            ("entry 11 ", "not an IPv4 address"),
         ] {
             assert!(
                 plan.skipped
