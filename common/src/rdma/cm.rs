@@ -622,6 +622,15 @@ impl CmId {
         Context::from_cm_verbs(verbs)
     }
 
+    /// Whether the id is bound to the device `ctx` is open on. Unlike [`Self::context`],
+    /// this still answers once that device is removed (its `DEVICE_REMOVAL` event names the
+    /// id, not the device).
+    pub fn is_on(&self, ctx: &Context) -> bool {
+        let _guard = self.inner.channel.lock();
+        // SAFETY: the id is live; `verbs` is read under the channel lock.
+        std::ptr::eq(unsafe { self.inner.raw.as_ref() }.verbs, ctx.as_raw())
+    }
+
     /// The device port the id is bound to (0 if none).
     pub fn port_num(&self) -> u8 {
         let _guard = self.inner.channel.lock();

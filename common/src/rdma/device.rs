@@ -141,46 +141,89 @@ pub fn format_guid(guid: u64) -> String {
 enum ContextOwner {
     /// Opened by us with `ibv_open_device`; closed on drop.
     Opened,
-    /// One of librdmacm's shared contexts, pinned by an `rdma_get_devices` reference.
-    Cm(#[allow(dead_code)] Arc<CmDeviceList>),
+    /// One of librdmacm's shared contexts, pinned by a reference of its own.
+    Cm(#[allow(dead_code)] CmDevicePin),
 }
 
-/// A reference on librdmacm's device contexts (`rdma_get_devices`), released with
-/// `rdma_free_devices`. librdmacm opens one context per device and uses it for every CM id
-/// and QP on that device; this reference keeps it open while we hold PDs or CQs on it.
-pub(crate) struct CmDeviceList {
-    raw: NonNull<*mut sys::ibv_context>,
-    len: usize,
+/// One reference on librdmacm's context of one device. librdmacm opens one context per
+/// device and uses it for every CM id and QP on that device; it closes the context of a
+/// removed device once nothing references it, and only then can the kernel finish the
+/// removal (with rxe, `rdma link delete` waits for it). This reference keeps the context
+/// open while we hold PDs or CQs on it, and pins that device alone: a context that pinned
+/// every device would keep a removed one open for as long as any other is in use.
+///
+/// librdmacm counts references through `rdma_get_devices`, which takes one on every
+/// device, and `rdma_free_devices`, which gives back one for each context in the array it
+/// is passed and frees that array. So the list is split: each pin owns an array of its one
+/// context (allocated with `malloc`, as librdmacm's own), the list's array is freed alone.
+pub(crate) struct CmDevicePin {
+    ctx: NonNull<sys::ibv_context>,
+    /// `[ctx, NULL]`, from `malloc`.
+    array: NonNull<*mut sys::ibv_context>,
 }
 
-// SAFETY: the list is an immutable array of context pointers; librdmacm guards its
-// reference counts with its own mutex, so dropping it from any thread is fine.
-unsafe impl Send for CmDeviceList {}
-// SAFETY: shared access only reads the immutable array.
-unsafe impl Sync for CmDeviceList {}
+// SAFETY: the pin is an immutable two-entry array; librdmacm guards its reference counts
+// with its own mutex, so dropping a pin from any thread is fine.
+unsafe impl Send for CmDevicePin {}
+// SAFETY: shared access reads nothing.
+unsafe impl Sync for CmDevicePin {}
 
-impl CmDeviceList {
-    pub(crate) fn get() -> Result<Arc<Self>> {
+impl CmDevicePin {
+    /// A pin on each device librdmacm knows now.
+    fn all() -> Result<Vec<Self>> {
         let mut n: libc::c_int = 0;
         // SAFETY: `n` is a valid out-pointer.
-        let raw = unsafe { sys::rdma_get_devices(&mut n) };
-        let raw = NonNull::new(raw).ok_or_else(|| RdmaError::GetCmDevices(last_errno()))?;
-        Ok(Arc::new(Self {
-            raw,
-            len: usize::try_from(n).unwrap_or(0),
-        }))
-    }
-
-    fn contexts(&self) -> impl Iterator<Item = *mut sys::ibv_context> + '_ {
-        // SAFETY: the array holds `len` context pointers and lives as long as `self`.
-        (0..self.len).map(move |i| unsafe { *self.raw.as_ptr().add(i) })
+        let list = unsafe { sys::rdma_get_devices(&mut n) };
+        let list = NonNull::new(list).ok_or_else(|| RdmaError::GetCmDevices(last_errno()))?;
+        let len = usize::try_from(n).unwrap_or(0);
+        let mut arrays = Vec::with_capacity(len);
+        for _ in 0..len {
+            // SAFETY: a plain allocation of two pointers, checked for NULL below.
+            let a = unsafe { libc::malloc(2 * std::mem::size_of::<*mut sys::ibv_context>()) };
+            match NonNull::new(a.cast::<*mut sys::ibv_context>()) {
+                Some(a) => arrays.push(a),
+                None => {
+                    for a in arrays {
+                        // SAFETY: allocated above with malloc, never handed out.
+                        unsafe { libc::free(a.as_ptr().cast()) };
+                    }
+                    // SAFETY: the list came from `rdma_get_devices`; released once.
+                    unsafe { sys::rdma_free_devices(list.as_ptr()) };
+                    return Err(RdmaError::GetCmDevices(std::io::Error::from_raw_os_error(
+                        libc::ENOMEM,
+                    )));
+                }
+            }
+        }
+        let mut pins = Vec::with_capacity(len);
+        for (i, array) in arrays.into_iter().enumerate() {
+            // SAFETY: the list holds `len` context pointers (then NULL); `array` has room
+            // for two.
+            let ctx = unsafe {
+                let ctx = *list.as_ptr().add(i);
+                array.as_ptr().write(ctx);
+                array.as_ptr().add(1).write(std::ptr::null_mut());
+                ctx
+            };
+            match NonNull::new(ctx) {
+                Some(ctx) => pins.push(Self { ctx, array }),
+                // SAFETY: allocated above with malloc; a NULL entry holds no reference.
+                None => unsafe { libc::free(array.as_ptr().cast()) },
+            }
+        }
+        // SAFETY: every reference the list took now belongs to one pin; its array alone is
+        // freed (`rdma_free_devices` would give the references back).
+        unsafe { libc::free(list.as_ptr().cast()) };
+        Ok(pins)
     }
 }
 
-impl Drop for CmDeviceList {
+impl Drop for CmDevicePin {
     fn drop(&mut self) {
-        // SAFETY: `raw` came from `rdma_get_devices` and is released exactly once.
-        unsafe { sys::rdma_free_devices(self.raw.as_ptr()) };
+        // SAFETY: `array` is a malloc'd, NULL-terminated array holding one context that
+        // `rdma_get_devices` took a reference on; librdmacm gives it back and frees the
+        // array, exactly once.
+        unsafe { sys::rdma_free_devices(self.array.as_ptr()) };
     }
 }
 
@@ -224,14 +267,12 @@ impl Context {
     /// The contexts librdmacm uses for every RDMA device, so a listener can allocate PDs,
     /// CQs and SRQs before the first connection arrives.
     pub fn cm_devices() -> Result<Vec<Arc<Self>>> {
-        let list = CmDeviceList::get()?;
-        Ok(list
-            .contexts()
-            .filter_map(NonNull::new)
-            .map(|raw| {
+        Ok(CmDevicePin::all()?
+            .into_iter()
+            .map(|pin| {
                 Arc::new(Self {
-                    raw,
-                    owner: ContextOwner::Cm(list.clone()),
+                    raw: pin.ctx,
+                    owner: ContextOwner::Cm(pin),
                     async_nonblocking: Default::default(),
                 })
             })
@@ -241,13 +282,14 @@ impl Context {
     /// Wraps the librdmacm context `raw` (a CM id's `verbs`), pinning it.
     pub(crate) fn from_cm_verbs(raw: *mut sys::ibv_context) -> Result<Arc<Self>> {
         let raw = NonNull::new(raw).ok_or(RdmaError::NoDevice)?;
-        let list = CmDeviceList::get()?;
-        if !list.contexts().any(|c| c == raw.as_ptr()) {
-            return Err(RdmaError::NoDevice);
-        }
+        // The other devices' pins are given back as they drop.
+        let pin = CmDevicePin::all()?
+            .into_iter()
+            .find(|p| p.ctx == raw)
+            .ok_or(RdmaError::NoDevice)?;
         Ok(Arc::new(Self {
             raw,
-            owner: ContextOwner::Cm(list),
+            owner: ContextOwner::Cm(pin),
             async_nonblocking: Default::default(),
         }))
     }

@@ -71,6 +71,13 @@ pub trait Verbs: Clone + Send + Sync + 'static {
         Instant::now()
     }
 
+    /// Has the provider notice devices removed since it last looked. librdmacm learns of a
+    /// removal only when it lists the devices, and only then closes the removed device's
+    /// context (at once if nothing uses it, else when its last user lets go): until it does,
+    /// the kernel cannot finish the removal (with soft-RoCE, `rdma link delete` waits),
+    /// even for a device this process never used.
+    fn sync_devices(&self) {}
+
     /// Where a caller with nothing to do waits: the system sleeps, a simulation runs its
     /// scheduler instead.
     fn sleep(&self, d: Duration) {
@@ -216,6 +223,8 @@ pub trait VerbsCmId<V: Verbs>: Send + Sync + 'static {
     fn resolve_route(&self, timeout: Duration) -> Result<()>;
     /// The device the id is bound to.
     fn context(&self) -> Result<Arc<V::Context>>;
+    /// Whether the id is bound to `ctx`'s device, removed or not.
+    fn is_on(&self, ctx: &V::Context) -> bool;
     fn create_qp(
         &self,
         pd: &Arc<V::Pd>,
@@ -252,6 +261,13 @@ impl Verbs for RealVerbs {
     #[inline]
     fn event_channel(&self) -> Result<EventChannel> {
         EventChannel::new()
+    }
+
+    fn sync_devices(&self) {
+        // Listing is what makes librdmacm look; the list itself is not needed.
+        if let Err(e) = Context::cm_devices() {
+            tracing::debug!("listing RDMA devices failed: {e}");
+        }
     }
 
     #[inline]
@@ -467,6 +483,10 @@ impl VerbsCmId<RealVerbs> for CmId {
 
     fn context(&self) -> Result<Arc<Context>> {
         CmId::context(self)
+    }
+
+    fn is_on(&self, ctx: &Context) -> bool {
+        CmId::is_on(self, ctx)
     }
 
     fn create_qp(
