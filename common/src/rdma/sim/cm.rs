@@ -152,7 +152,7 @@ impl FabricState {
         self.cm_mut(id).timer = Some(key);
     }
 
-    fn clear_timer(&mut self, id: ObjId) {
+    pub(crate) fn clear_timer(&mut self, id: ObjId) {
         let key = self.cm_ids.get_mut(&id).and_then(|s| s.timer.take());
         self.cancel(key);
     }
@@ -190,7 +190,7 @@ impl FabricState {
         }
     }
 
-    fn cm_send(&mut self, from: ObjId, to: Option<ObjId>, msg: CmMsg) {
+    pub(crate) fn cm_send(&mut self, from: ObjId, to: Option<ObjId>, msg: CmMsg) {
         let Some(s) = self.cm_ids.get(&from) else {
             return;
         };
@@ -213,6 +213,10 @@ impl FabricState {
         let ip = addr.ip();
         if !ip.is_unspecified() && self.hosts[host].ip != ip {
             return Err(RdmaError::BindAddr(os(libc::EADDRNOTAVAIL)));
+        }
+        // The address stays on its netdev, but no RDMA device has it.
+        if !ip.is_unspecified() && self.hosts[host].removed {
+            return Err(RdmaError::BindAddr(os(libc::ENODEV)));
         }
         let port = if addr.port() == 0 {
             self.alloc_port()
@@ -300,8 +304,13 @@ impl FabricState {
         Ok(())
     }
 
+    /// The device the id is bound to; none once that device is removed.
     pub(crate) fn cm_device(&self, id: ObjId) -> Result<HostId> {
-        self.cm(id)?.device.ok_or(RdmaError::NoDevice)
+        let host = self.cm(id)?.device.ok_or(RdmaError::NoDevice)?;
+        if self.hosts[host].removed {
+            return Err(RdmaError::NoDevice);
+        }
+        Ok(host)
     }
 
     // ---- QP ----
@@ -459,9 +468,10 @@ impl FabricState {
         }
         let Some(host) = self
             .host_of_ip(dst.ip())
-            .filter(|&h| !self.hosts[h].crashed)
+            .filter(|&h| !self.hosts[h].crashed && !self.hosts[h].removed)
         else {
-            // Nobody answers: the connect times out.
+            // Nobody answers (a removed device: the address has no RDMA device): the
+            // connect times out.
             return;
         };
         let Some(listener) = self.find_listener(host, dst.ip(), dst.port()) else {

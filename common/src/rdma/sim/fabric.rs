@@ -42,6 +42,14 @@ pub(crate) struct Host {
     /// Send work requests its QPs posted with inline data.
     pub inline_send_wrs: u64,
     pub crashed: bool,
+    /// The device is gone (`rdma link delete`, a driver unbound): nothing new is made on
+    /// it until it comes back.
+    pub removed: bool,
+    /// Which coming of the device contexts opened now belong to: a device that is removed
+    /// and comes back is another device to its users (librdmacm opens it anew).
+    pub incarnation: u32,
+    /// Contexts of this host's device open now, of any incarnation.
+    pub open_contexts: usize,
     pub async_events: VecDeque<SimAsyncEvent>,
     pub rx: HostRx,
     pub delivered: Vec<Delivered>,

@@ -68,6 +68,7 @@ mod handles;
 mod mem;
 mod mw;
 mod qp;
+mod removal;
 #[cfg(test)]
 mod tests;
 
@@ -81,6 +82,7 @@ use fabric::{FabricState, Host, HostId, PostFault};
 
 pub use handles::{SimChannel, SimCmId, SimContext, SimCq, SimMr, SimPd, SimQp, SimSrq};
 pub use mw::SimMw;
+pub use removal::DeviceObjects;
 
 /// Parameters of a fabric. Times are virtual nanoseconds.
 #[derive(Clone, Debug)]
@@ -300,6 +302,9 @@ impl SimFabric {
             max_inline_data: DEFAULT_MAX_INLINE_DATA,
             inline_send_wrs: 0,
             crashed: false,
+            removed: false,
+            incarnation: 0,
+            open_contexts: 0,
             async_events: Default::default(),
             rx: HostRx::default(),
             delivered: Vec::new(),
@@ -402,6 +407,33 @@ impl SimFabric {
     /// [`Faults::late_responses`].
     pub fn late_responses(&self, qp_num: u32, extra: Duration) {
         self.faults().late_responses(qp_num, extra);
+    }
+
+    /// The device of the host owning `ip` is removed (see the `removal` module): its CM ids
+    /// get `DEVICE_REMOVAL` and are closed, its QPs go to Error, nothing new is made on it.
+    pub fn remove_device(&self, ip: IpAddr) {
+        let mut st = self.lock();
+        if let Some(h) = st.host_of_ip(ip) {
+            st.remove_device(h);
+        }
+    }
+
+    /// The removed device of the host owning `ip` comes back, as a new device: contexts
+    /// opened before the removal stay dead.
+    pub fn restore_device(&self, ip: IpAddr) {
+        let mut st = self.lock();
+        if let Some(h) = st.host_of_ip(ip) {
+            st.restore_device(h);
+        }
+    }
+
+    /// What users still hold on the device of the host owning `ip`: a removal completes
+    /// only once this is empty.
+    pub fn device_objects(&self, ip: IpAddr) -> DeviceObjects {
+        let st = self.lock();
+        st.host_of_ip(ip)
+            .map(|h| st.device_objects(h))
+            .unwrap_or_default()
     }
 
     /// [`Faults::crash_host`].

@@ -245,6 +245,12 @@ impl VerbsCmId<SimVerbs> for SimCmId {
         Ok(SimContext::new(self.fabric().clone(), host))
     }
 
+    fn is_on(&self, ctx: &SimContext) -> bool {
+        let st = self.fabric().lock();
+        Arc::ptr_eq(&self.fabric().0, &ctx.fabric.0)
+            && st.cm_ids.get(&self.inner.id).and_then(|s| s.device) == Some(ctx.host)
+    }
+
     fn create_qp(
         &self,
         pd: &Arc<SimPd>,
@@ -263,6 +269,7 @@ impl VerbsCmId<SimVerbs> for SimCmId {
                 "PD, CQs and SRQ must share one device context",
             ));
         }
+        pd.ctx.check_live(RdmaError::CreateQp)?;
         let res = QpResources {
             host,
             pd: pd.id,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::rdma::async_event::{AsyncEvent, AsyncEventKind};
 use crate::rdma::device::DeviceAttr;
-use crate::rdma::error::Result;
+use crate::rdma::error::{RdmaError, Result};
 use crate::rdma::sim::fabric::HostId;
 use crate::rdma::sim::{SimAsyncEvent, SimAsyncEventKind, SimFabric};
 use crate::rdma::verbs::VerbsContext;
@@ -18,11 +18,32 @@ const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
 pub struct SimContext {
     pub(super) fabric: SimFabric,
     pub(super) host: HostId,
+    /// The coming of the device this context was opened on (see `Host::incarnation`).
+    pub(super) incarnation: u32,
 }
 
 impl SimContext {
     pub(crate) fn new(fabric: SimFabric, host: HostId) -> Arc<Self> {
-        Arc::new(Self { fabric, host })
+        let incarnation = {
+            let mut st = fabric.lock();
+            st.hosts[host].open_contexts += 1;
+            st.hosts[host].incarnation
+        };
+        Arc::new(Self {
+            fabric,
+            host,
+            incarnation,
+        })
+    }
+
+    /// Fails with `ENODEV` once the device this context was opened on is removed: nothing
+    /// new is made on it.
+    pub(crate) fn check_live(&self, err: fn(std::io::Error) -> RdmaError) -> Result<()> {
+        if self.fabric.lock().device_live(self.host, self.incarnation) {
+            Ok(())
+        } else {
+            Err(err(std::io::Error::from_raw_os_error(libc::ENODEV)))
+        }
     }
 
     pub(crate) fn fabric(&self) -> &SimFabric {
@@ -42,6 +63,12 @@ impl SimContext {
     /// The IP address of the device's host.
     pub fn ip(&self) -> IpAddr {
         self.fabric.lock().hosts[self.host].ip
+    }
+}
+
+impl Drop for SimContext {
+    fn drop(&mut self) {
+        self.fabric.lock().hosts[self.host].open_contexts -= 1;
     }
 }
 
@@ -74,7 +101,9 @@ impl VerbsContext for SimContext {
     }
 
     fn same_device(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.fabric.0, &other.fabric.0) && self.host == other.host
+        Arc::ptr_eq(&self.fabric.0, &other.fabric.0)
+            && self.host == other.host
+            && self.incarnation == other.incarnation
     }
 
     fn poll_async_event(&self) -> Result<Option<AsyncEvent>> {

@@ -47,6 +47,7 @@ impl Verbs for SimVerbs {
     }
 
     fn alloc_pd(ctx: &Arc<SimContext>) -> Result<Arc<SimPd>> {
+        ctx.check_live(RdmaError::AllocPd)?;
         let id = {
             let mut st = ctx.fabric.lock();
             let id = st.alloc_id();
@@ -72,6 +73,7 @@ impl Verbs for SimVerbs {
         if max_wr == 0 {
             return Err(RdmaError::CreateSrq(os(libc::EINVAL)));
         }
+        pd.ctx.check_live(RdmaError::CreateSrq)?;
         let (id, max_wr) = {
             let mut st = pd.ctx.fabric.lock();
             let attr = &st.hosts[pd.ctx.host].attr;
@@ -119,6 +121,7 @@ impl Verbs for SimVerbs {
             // Remote write access requires local write access (as ibv_reg_mr checks).
             return Err(RdmaError::RegMr(os(libc::EINVAL)));
         }
+        pd.ctx.check_live(RdmaError::RegMr)?;
         let iova = mem.addr() as u64;
         let len = mem.len();
         let (lkey, rkey) = {

@@ -25,6 +25,7 @@ pub(super) fn create_sim_cq(
     if cqe == 0 {
         return Err(RdmaError::CreateCq(os(libc::EINVAL)));
     }
+    ctx.check_live(RdmaError::CreateCq)?;
     let channel = if with_channel {
         let (reader, writer) =
             std::os::unix::net::UnixStream::pair().map_err(RdmaError::CreateCompChannel)?;
