@@ -33,6 +33,9 @@ const DRAIN_TIMEOUT_MS: u64 = 2_000;
 impl<V: Verbs> RdmaPollGroup<V> {
     pub(super) fn device_for(&mut self, ctx: Arc<V::Context>) -> Result<usize, String> {
         if let Some(i) = self.devices.iter().position(|d| d.same_device(&ctx)) {
+            if self.devices[i].removed {
+                return Err("the device was removed".into());
+            }
             if self.devices[i].failed {
                 return Err(
                     "the device's completion queue failed; its resources are being rebuilt".into(),
@@ -233,6 +236,32 @@ impl<V: Verbs> RdmaPollGroup<V> {
         }
     }
 
+    /// The acceptor learnt that the device `ctx` is open on was removed.
+    pub fn device_removed(&mut self, ctx: &V::Context, core: &mut CoreCtx) {
+        if let Some(d) = self.devices.iter().position(|dev| dev.same_device(ctx)) {
+            self.retire_device(d, core);
+        }
+    }
+
+    /// A device is gone: every qpair on it is closed, and its CQ, SRQ, buffers and
+    /// registrations are dropped with the last of them, which lets the kernel finish the
+    /// removal (it waits until nothing holds the device).
+    fn retire_device(&mut self, d: usize, core: &mut CoreCtx) {
+        if self.devices[d].removed {
+            return;
+        }
+        tracing::warn!(device = %self.devices[d].ctx.device_name(),
+            "RDMA device removed; closing its qpairs and freeing its resources");
+        self.devices[d].removed = true;
+        self.devices[d].failed = true;
+        for qi in 0..self.qpairs.len() {
+            if self.qpairs[qi].as_ref().is_some_and(|q| q.dev == d) {
+                self.start_close(qi, core);
+            }
+        }
+        self.rebuild_if_failed(d);
+    }
+
     /// An asynchronous event of a device, forwarded by the acceptor to every poll group: the
     /// one owning the QP or CQ it names acts on it.
     pub fn on_async_event(&mut self, ctx: &V::Context, ev: AsyncEvent, core: &mut CoreCtx) {
@@ -270,8 +299,16 @@ impl<V: Verbs> RdmaPollGroup<V> {
             return;
         };
         match kind {
+            CmEventKind::DeviceRemoval => {
+                let d = self.qpairs[qi].as_ref().map(|q| q.dev);
+                if let Some(d) = d {
+                    // The acceptor tells the other reactors, which may hold the device with
+                    // no connection on it.
+                    self.removed.push(Arc::clone(&self.devices[d].ctx));
+                    self.retire_device(d, core);
+                }
+            }
             CmEventKind::Disconnected
-            | CmEventKind::DeviceRemoval
             | CmEventKind::TimewaitExit
             | CmEventKind::ConnectError
             | CmEventKind::Unreachable
@@ -402,9 +439,14 @@ impl<V: Verbs> RdmaPollGroup<V> {
         false
     }
 
-    /// Replaces a failed device's CQ, SRQ, receive buffers and pools once no qpair uses them.
+    /// Replaces a failed device's CQ, SRQ, receive buffers and pools once no qpair uses them;
+    /// a removed device's are dropped instead.
     pub(super) fn rebuild_if_failed(&mut self, d: usize) {
         if !self.devices[d].failed || self.qpairs.iter().flatten().any(|q| q.dev == d) {
+            return;
+        }
+        if self.devices[d].removed {
+            self.drop_device(d);
             return;
         }
         let ctx = Arc::clone(&self.devices[d].ctx);
@@ -414,6 +456,24 @@ impl<V: Verbs> RdmaPollGroup<V> {
                 self.devices[d] = fresh;
             }
             Err(e) => tracing::error!("rebuilding RDMA device resources failed: {e}"),
+        }
+    }
+
+    /// Drops device `d`'s resources (no qpair uses it). The devices after it move down one
+    /// place: their qpairs' device index and QP-number keys follow.
+    fn drop_device(&mut self, d: usize) {
+        let dev = self.devices.remove(d);
+        tracing::info!(device = %dev.ctx.device_name(), "RDMA device resources freed");
+        drop(dev);
+        for qp in self.qpairs.iter_mut().flatten() {
+            if qp.dev > d {
+                if let Some(qi) = self.by_qp_num.remove(&qp_key(qp.dev, qp.qp.qp_num())) {
+                    qp.dev -= 1;
+                    self.by_qp_num.insert(qp_key(qp.dev, qp.qp.qp_num()), qi);
+                } else {
+                    qp.dev -= 1;
+                }
+            }
         }
     }
 }

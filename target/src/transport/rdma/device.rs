@@ -87,6 +87,9 @@ pub struct DeviceResources<V: Verbs> {
     /// Polling the CQ failed (an overrun or a device error): every qpair on it is closed and
     /// the device's resources are rebuilt once the last one is gone.
     pub failed: bool,
+    /// The device itself is gone: once its last qpair is, its resources are dropped, not
+    /// rebuilt.
+    pub removed: bool,
     /// The CQ's completion channel is registered with the reactor's sleep (once per CQ: a
     /// rebuilt device starts unregistered).
     pub wake_registered: bool,
@@ -200,6 +203,7 @@ impl<V: Verbs> DeviceResources<V> {
             cq_reserved: srq_depth,
             max_cqe: attr.max_cqe,
             failed: false,
+            removed: false,
             wake_registered: false,
             cq_armed: false,
             share: [

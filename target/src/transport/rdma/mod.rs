@@ -13,7 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam::queue::SegQueue;
 
@@ -67,10 +67,19 @@ struct GroupEntry {
 }
 
 struct Shared<V: Verbs> {
+    /// The provider, for its clock (a simulation's is virtual).
+    verbs: V,
     opts: TransportOptions,
     limits: TransportLimits,
     channel: V::Channel,
     listeners: Mutex<HashMap<ListenAddress, V::CmId>>,
+    /// Listeners whose device was removed: listened on again every [`DEVICE_CHECK_INTERVAL`]
+    /// until a device has their address again (as nvmet repairs its ports), unless an RPC
+    /// removes them first.
+    lost: Mutex<Vec<ListenAddress>>,
+    /// Devices a reactor saw removed (a connection's `DEVICE_REMOVAL`): the acceptor tells
+    /// every reactor and forgets them.
+    removed: Arc<SegQueue<Arc<V::Context>>>,
     /// Every device a listener or connection was seen on: the acceptor reads their
     /// asynchronous events and hands them to the poll groups.
     devices: Mutex<Vec<Arc<V::Context>>>,
@@ -85,6 +94,10 @@ struct Shared<V: Verbs> {
     gone: Arc<SegQueue<(CmIdToken, u64)>>,
     stop: AtomicBool,
 }
+
+/// How often the acceptor has librdmacm look for removed devices (see
+/// [`Verbs::sync_devices`]) and listeners lost with their device try to listen again.
+const DEVICE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Who runs the CM acceptor loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +118,8 @@ struct AcceptorState {
     owners: HashMap<CmIdToken, (PollGroupHandle, u8, u64)>,
     next_admin_group: usize,
     next_serial: u64,
+    /// When the device list is next looked at and lost listeners try to listen again.
+    next_device_check: Option<Instant>,
 }
 
 impl AcceptorState {
@@ -147,6 +162,9 @@ impl<V: Verbs> RdmaTransport<V> {
                 source,
             })?;
         let shared = Arc::new(Shared {
+            verbs,
+            lost: Mutex::new(Vec::new()),
+            removed: Arc::new(SegQueue::new()),
             limits: opts.limits(),
             opts,
             channel,
@@ -283,41 +301,9 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
         if listeners.contains_key(addr) {
             return Ok(());
         }
-        let sockaddr = socket_addr(addr)?;
-        let rdma = |what: String| move |source| TransportError::Rdma { what, source };
-        let id = self
-            .shared
-            .channel
-            .create_id()
-            .map_err(rdma(format!("cannot create an RDMA CM id for {sockaddr}")))?;
-        id.bind_addr(sockaddr)
-            .map_err(rdma(format!("rdma_bind_addr({sockaddr})")))?;
-        id.listen(self.shared.opts.acceptor_backlog)
-            .map_err(rdma(format!("rdma_listen({sockaddr})")))?;
-        tracing::info!(%sockaddr, "RDMA listener started");
-        // Build each reactor's resources for this device now (SRQ, buffers, registrations):
-        // on the first connect they would cost the host seconds under emulation, long enough
-        // for it to give up. A wildcard address has no device yet; connects then build them.
-        if let Ok(ctx) = id.context() {
-            note_device(&self.shared, &ctx);
-            for g in self
-                .shared
-                .groups
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-            {
-                let (ctx, tidx) = (Arc::clone(&ctx), g.transport_index);
-                g.handle.send(move |pg| {
-                    pg.with_transport(usize::from(tidx), |t, _core| {
-                        if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() {
-                            rdma.prepare_device(ctx);
-                        }
-                    });
-                });
-            }
-        }
+        let id = open_listener(&self.shared, addr)?;
         listeners.insert(addr.clone(), id);
+        forget_lost(&self.shared, addr);
         Ok(())
     }
 
@@ -328,7 +314,8 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(addr);
-        if removed.is_some() {
+        let was_lost = forget_lost(&self.shared, addr);
+        if removed.is_some() || was_lost {
             tracing::info!(%addr, "RDMA listener stopped");
         }
     }
@@ -357,7 +344,159 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             self.shared.opts.clone(),
             self.shared.limits,
             load,
+            Arc::clone(&self.shared.removed),
         )))
+    }
+}
+
+/// Binds and listens on `addr`, and has every reactor build its resources for the device.
+fn open_listener<V: Verbs>(
+    shared: &Shared<V>,
+    addr: &ListenAddress,
+) -> Result<V::CmId, TransportError> {
+    let sockaddr = socket_addr(addr)?;
+    let rdma = |what: String| move |source| TransportError::Rdma { what, source };
+    let id = shared
+        .channel
+        .create_id()
+        .map_err(rdma(format!("cannot create an RDMA CM id for {sockaddr}")))?;
+    id.bind_addr(sockaddr)
+        .map_err(rdma(format!("rdma_bind_addr({sockaddr})")))?;
+    id.listen(shared.opts.acceptor_backlog)
+        .map_err(rdma(format!("rdma_listen({sockaddr})")))?;
+    tracing::info!(%sockaddr, "RDMA listener started");
+    // Build each reactor's resources for this device now (SRQ, buffers, registrations): on
+    // the first connect they would cost the host seconds under emulation, long enough for it
+    // to give up. A wildcard address has no device yet; connects then build them.
+    if let Ok(ctx) = id.context() {
+        note_device(shared, &ctx);
+        for g in shared
+            .groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let (ctx, tidx) = (Arc::clone(&ctx), g.transport_index);
+            g.handle.send(move |pg| {
+                pg.with_transport(usize::from(tidx), |t, _core| {
+                    if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() {
+                        rdma.prepare_device(ctx);
+                    }
+                });
+            });
+        }
+    }
+    Ok(id)
+}
+
+/// Drops `addr` from the lost listeners; whether it was one.
+fn forget_lost<V: Verbs>(shared: &Shared<V>, addr: &ListenAddress) -> bool {
+    let mut lost = shared.lost.lock().unwrap_or_else(|e| e.into_inner());
+    let before = lost.len();
+    lost.retain(|a| a != addr);
+    lost.len() != before
+}
+
+/// A listener's device was removed: its CM id goes (librdmacm cannot let the device go
+/// while one is bound to it), the address waits to be listened on again, and the device's
+/// resources are given up on every reactor.
+fn on_listener_device_removed<V: Verbs>(shared: &Shared<V>, token: CmIdToken) {
+    let mut listeners = shared.listeners.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(addr) = listeners
+        .iter()
+        .find(|(_, id)| id.token() == token)
+        .map(|(addr, _)| addr.clone())
+    else {
+        return;
+    };
+    let id = listeners.remove(&addr).expect("found above");
+    shared
+        .lost
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(addr.clone());
+    drop(listeners);
+    tracing::warn!(%addr, "the RDMA device under this listener was removed; listening again once a device has the address");
+    let gone: Vec<_> = shared
+        .devices
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|ctx| id.is_on(ctx))
+        .cloned()
+        .collect();
+    drop(id);
+    for ctx in gone {
+        retire_device(shared, ctx);
+    }
+}
+
+/// Forgets a removed device and has every reactor close its connections on it and free
+/// its resources (each does so once; a repeat finds nothing).
+fn retire_device<V: Verbs>(shared: &Shared<V>, ctx: Arc<V::Context>) {
+    {
+        let mut devices = shared.devices.lock().unwrap_or_else(|e| e.into_inner());
+        let before = devices.len();
+        devices.retain(|d| !d.same_device(&ctx));
+        if devices.len() == before {
+            return;
+        }
+    }
+    tracing::warn!(device = %ctx.device_name(), "RDMA device removed: closing its connections and freeing its resources");
+    for g in shared
+        .groups
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+    {
+        let (ctx, tidx) = (Arc::clone(&ctx), g.transport_index);
+        g.handle.send(move |pg| {
+            pg.with_transport(usize::from(tidx), |t, core| {
+                if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() {
+                    rdma.device_removed(&ctx, core);
+                }
+            });
+        });
+    }
+}
+
+/// Devices reactors saw removed; every [`DEVICE_CHECK_INTERVAL`], the device list
+/// refreshed and lost listeners tried again.
+fn housekeeping<V: Verbs>(shared: &Shared<V>, state: &mut AcceptorState) {
+    while let Some(ctx) = shared.removed.pop() {
+        retire_device(shared, ctx);
+    }
+    let now = shared.verbs.now();
+    if state.next_device_check.is_some_and(|t| now < t) {
+        return;
+    }
+    state.next_device_check = Some(now + DEVICE_CHECK_INTERVAL);
+    shared.verbs.sync_devices();
+    let lost = shared
+        .lost
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    for addr in lost {
+        let mut listeners = shared.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        // An RPC may have removed it (or listened again) since.
+        if listeners.contains_key(&addr) || !forget_lost(shared, &addr) {
+            continue;
+        }
+        match open_listener(shared, &addr) {
+            Ok(id) => {
+                tracing::info!(%addr, "RDMA listener back on a device");
+                listeners.insert(addr, id);
+            }
+            Err(e) => {
+                tracing::debug!(%addr, "listening again failed: {e}");
+                shared
+                    .lost
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(addr);
+            }
+        }
     }
 }
 
@@ -422,6 +561,7 @@ fn acceptor_turn<V: Verbs>(
     timeout: Duration,
 ) -> bool {
     state.forget_gone(shared);
+    housekeeping(shared, state);
     let event = match shared.channel.next_event(timeout) {
         Ok(Some(e)) => e,
         Ok(None) => return false,
@@ -433,6 +573,9 @@ fn acceptor_turn<V: Verbs>(
     };
     match event.kind {
         CmEventKind::ConnectRequest => on_connect_request(shared, event, state),
+        CmEventKind::DeviceRemoval if !state.owners.contains_key(&event.id) => {
+            on_listener_device_removed(shared, event.id);
+        }
         kind => {
             let Some((handle, tidx, _)) = state.owners.get(&event.id).cloned() else {
                 return true;

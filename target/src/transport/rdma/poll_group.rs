@@ -4,6 +4,7 @@
 //! completion does is in `completion.rs`, a connection's life from accept to reaping in
 //! `connection.rs`, a request's steps in `steps.rs`.
 
+use crossbeam::queue::SegQueue;
 use nvmf_common::buffer::BufClass;
 use nvmf_common::rdma::{
     CmIdToken, RealVerbs, Verbs, VerbsContext, VerbsCq, VerbsQp, WorkCompletion, MAX_CHAIN,
@@ -74,6 +75,8 @@ pub struct RdmaPollGroup<V: Verbs = RealVerbs> {
     pub(super) opts: TransportOptions,
     pub(super) limits: TransportLimits,
     pub(super) load: Arc<AtomicUsize>,
+    /// Where this group reports a device it saw removed, for the acceptor to tell the others.
+    pub(super) removed: Arc<SegQueue<Arc<V::Context>>>,
     pub(super) devices: Vec<DeviceResources<V>>,
     pub(super) qpairs: Vec<Option<Qpair<V>>>,
     pub(super) gens: Vec<u8>,
@@ -106,12 +109,14 @@ impl<V: Verbs> RdmaPollGroup<V> {
         opts: TransportOptions,
         limits: TransportLimits,
         load: Arc<AtomicUsize>,
+        removed: Arc<SegQueue<Arc<V::Context>>>,
     ) -> Self {
         Self {
             index,
             opts,
             limits,
             load,
+            removed,
             devices: Vec::new(),
             qpairs: Vec::new(),
             gens: Vec::new(),

@@ -1,0 +1,96 @@
+//! The target's RDMA device is removed under it (`rdma link delete`, a driver unbound) and
+//! comes back. The kernel finishes a removal only once its users hold nothing on the device
+//! (with soft-RoCE, `rdma link delete` blocks until then): the target must close the
+//! connections on it, give up its CQs, SRQs, registrations, PDs and contexts, and listen
+//! again when a device has the address once more.
+
+use std::time::Duration;
+
+use nvmf_tests::sim::*;
+
+const BLOCK: usize = 512;
+
+/// Runs the lab until the target holds nothing on the removed device; panics with what it
+/// still holds after 10 s of virtual time.
+fn until_device_released(lab: &mut SimLab) {
+    for _ in 0..200 {
+        if lab.fabric.device_objects(target_ip()).total() == 0 {
+            return;
+        }
+        lab.run_for(Duration::from_millis(50), Duration::from_millis(5));
+    }
+    panic!(
+        "the target still holds the removed device: {:?}",
+        lab.fabric.device_objects(target_ip())
+    );
+}
+
+/// Two reactors: one serves the host's queues, the other only holds the device's resources
+/// the listener had it build. Both let go; the listener comes back with the device and a
+/// host reconnects to the same data.
+#[test]
+fn a_removed_device_is_let_go_and_its_listener_comes_back() {
+    let mut lab = SimLab::with(3, small_options(), 2);
+    let host = lab.fabric.add_host(host_ip(1));
+    let (_admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut io = io_queue(&mut lab, &host, cntlid, 32, 64 * 1024);
+    let data = pattern(5, 8 * BLOCK);
+    io.data.write_at(0, &data);
+    let c = io.run(&mut lab, write_cmd(1, 40, 8), keyed(0, 4096));
+    assert!(c.status().is_success(), "{c:?}");
+    // One more write in flight when the device goes.
+    io.data.write_at(8192, &pattern(6, 8 * BLOCK));
+    io.submit(write_cmd(2, 80, 8), keyed(8192, 4096));
+    let held = lab.fabric.device_objects(target_ip());
+    assert!(
+        held.pds > 0 && held.cqs >= 2 && held.contexts > 0,
+        "{held:?}"
+    );
+
+    lab.fabric.remove_device(target_ip());
+    until_device_released(&mut lab);
+    lab.assert_drained();
+    for pg in &lab.pgs {
+        let stats = &pg.transport_stats()[0];
+        assert_eq!(
+            stats["devices"].as_array().map(Vec::len),
+            Some(0),
+            "{stats:?}"
+        );
+    }
+
+    // While the device is away, nobody listens at the address.
+    assert!(
+        HostQueue::connect(&mut lab, &host, 0, 32).is_err(),
+        "a connect reached a listener with no device"
+    );
+    lab.fabric.restore_device(target_ip());
+    // The listener tries again every 2 s.
+    lab.run_for(Duration::from_secs(3), Duration::from_millis(10));
+    let (_admin, cntlid) = admin_queue(&mut lab, &host);
+    let mut io = io_queue(&mut lab, &host, cntlid, 32, 64 * 1024);
+    let c = io.run(&mut lab, read_cmd(3, 40, 8), keyed(32 * 1024, 4096));
+    assert!(c.status().is_success(), "{c:?}");
+    assert_eq!(data_bytes(&io, 32 * 1024, 4096), data);
+    assert!(lab.fabric.device_objects(target_ip()).total() > 0);
+}
+
+/// An RPC that removes the listener while its device is away stops the retries: the
+/// address stays closed when the device comes back.
+#[test]
+fn a_listener_removed_while_its_device_is_away_stays_closed() {
+    let mut lab = SimLab::new(4);
+    let host = lab.fabric.add_host(host_ip(1));
+    lab.fabric.remove_device(target_ip());
+    until_device_released(&mut lab);
+    lab.target
+        .remove_listener(SUBNQN, &listen_address())
+        .expect("the listener is still configured");
+    lab.fabric.restore_device(target_ip());
+    lab.run_for(Duration::from_secs(5), Duration::from_millis(10));
+    assert!(
+        HostQueue::connect(&mut lab, &host, 0, 32).is_err(),
+        "a removed listener came back with its device"
+    );
+    assert_eq!(lab.fabric.device_objects(target_ip()).total(), 0);
+}
