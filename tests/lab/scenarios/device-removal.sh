@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# device-removal: the target's RDMA device is deleted under a connected Linux host doing I/O
+# (`rdma link delete rxe0`, as an admin or a driver reload does), then added back.
+#   - The deletion completes. The kernel finishes it only once no process holds anything on
+#     the device (rxe cannot take resources back from a process); a target that kept its
+#     CQs, SRQ, registrations or contexts made `rdma link delete` hang, unkillable, until
+#     the target exited.
+#   - The target survives it: its RPC socket answers and `nvmf_get_stats` lists the device
+#     no more.
+#   - Once the device is back, the listener returns by itself (tried every 2 s, as nvmet
+#     repairs its ports), the host reconnects within its ctrl_loss_tmo, and fio, running
+#     through the whole episode, saw no I/O error: the host held its I/O and sent it again.
+#     A pattern written before the removal reads back the same.
+#   - A device the target never used (another rxe link, added and deleted while the target
+#     runs) is let go within seconds too: librdmacm opens every device it lists.
+source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
+lab_init device-removal
+
+# delete_link DEV LIMIT: `rdma link delete DEV` must finish within LIMIT seconds; prints its
+# time. A deletion that hangs cannot be killed (it waits in the kernel): the target is killed
+# so the lab can clean up, and the scenario fails.
+delete_link() {
+    local dev=$1 limit=$2 pid start i
+    start=$(date +%s%N)
+    rdma link delete "$dev" &
+    pid=$!
+    for ((i = 0; i < limit * 10; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        lab_log "rdma link delete $dev still waiting after ${limit} s, in $(cat /proc/$pid/wchan)"
+        nvmf_tgt_stop KILL || true
+        wait "$pid" || true
+        lab_fail "rdma link delete $dev hung while nvmf-tgt ran (it finished once the target was killed)"
+    fi
+    wait "$pid" || lab_fail "rdma link delete $dev failed"
+    echo $((($(date +%s%N) - start) / 1000000))
+}
+
+lab_rxe_up
+nvmf_tgt_start -m 0x3
+nqn=nqn.2016-06.io.spdk:cnode1
+nvmf_malloc_subsystem "$nqn" "$LAB_ADDR0" 4420 Malloc0:64:512
+blk=$(lab_nvme_connect "$nqn" "$LAB_ADDR0" 4420 --ctrl-loss-tmo=120 --reconnect-delay=2)
+head -c 1048576 /dev/urandom >"$LAB_STATE/pattern"
+lab_t 60 dd if="$LAB_STATE/pattern" of="$blk" bs=64k oflag=direct status=none
+
+lab_log "rdma resources before: $(rdma res show 2>&1 | tr '\n' ';')"
+# fio through the whole episode: 4 KiB random reads and writes past the pattern.
+lab_fio through-removal --filename="$blk" --rw=randrw --bs=4k --iodepth=8 --ioengine=libaio \
+    --direct=1 --offset=8M --size=32M --time_based --runtime=40 >"$LAB_STATE/fio.txt" &
+fio_pid=$!
+sleep 5
+
+ms=$(delete_link rxe0 30)
+lab_log "rdma link delete rxe0 took $ms ms"
+kill -0 "$NVMF_TGT_PID" || lab_fail "nvmf-tgt died with its device"
+grep -q "RDMA device removed" "$LAB_OUT/nvmf-tgt.log" || lab_fail "the target did not log the removal"
+stats=$(nvmf_rpc nvmf_get_stats)
+[[ $stats != *'"name": "rxe0"'* ]] || lab_fail "nvmf_get_stats still lists rxe0 after its removal"
+lab_log "rdma resources with rxe0 gone: $(rdma res show 2>&1 | tr '\n' ';')"
+
+sleep 3
+lab_t 30 rdma link add rxe0 type rxe netdev veth0
+lab_wait_until 60 "rxe0 ACTIVE" sh -c "rdma link show rxe0/1 | grep -q 'state ACTIVE'"
+lab_wait_until 30 "the listener back on rxe0" grep -q "RDMA listener back" "$LAB_OUT/nvmf-tgt.log"
+lab_wait_until 60 "the host to reconnect" sh -c "grep -qx live /sys/class/nvme/nvme*/state"
+wait "$fio_pid" || lab_fail "fio saw I/O errors through the removal: $(cat "$LAB_STATE/fio.txt")"
+lab_log "fio through the removal: $(cat "$LAB_STATE/fio.txt")"
+lab_t 60 dd if="$blk" of="$LAB_STATE/back" bs=64k count=16 iflag=direct status=none
+cmp "$LAB_STATE/pattern" "$LAB_STATE/back" || lab_fail "the pattern written before the removal reads back different"
+stats=$(nvmf_rpc nvmf_get_stats)
+[[ $stats == *'"name": "rxe0"'* ]] || lab_fail "nvmf_get_stats does not list rxe0 once it is back"
+
+# A device the target never used.
+lab_t 10 ip link add veth2 type veth peer name veth3
+lab_t 10 ip link set veth2 up
+lab_t 10 ip link set veth3 up
+lab_t 30 rdma link add rxe2 type rxe netdev veth2
+sleep 5
+ms2=$(delete_link rxe2 30)
+lab_log "rdma link delete rxe2 (never used by the target) took $ms2 ms"
+lab_t 10 ip link del veth2
+
+lab_nvme_disconnect "$nqn"
+nvmf_tgt_stop
+lab_pass "rdma link delete under I/O took $ms ms (unused device: $ms2 ms); listener back, host reconnected, fio without errors, data intact"
