@@ -2,7 +2,6 @@
 //! Management. Every LBA range is checked against the namespace before a bdev sees it, and
 //! every transfer against MDTS and the SGL, so backends only ever get valid requests.
 
-use nvmf_common::buffer::BufferPool;
 use nvmf_common::spec::command::{Dsm, DsmRange, ReadWrite};
 use nvmf_common::spec::{IoOpcode, Status};
 use zerocopy::FromBytes;
@@ -10,6 +9,7 @@ use zerocopy::FromBytes;
 use crate::bdev::{BdevCompletion, BdevIo, IoKind};
 use crate::cmd::{data_phase, reservation};
 use crate::core::ana;
+use crate::core::compare_buffers::Take;
 use crate::core::namespaces::NsSlot;
 use crate::core::queue::QueueState;
 use crate::core::request::{DataDirection, Exec, Op, Prepared, Request};
@@ -18,7 +18,6 @@ use crate::core::status::from_bdev;
 use crate::core::subsystem::Namespace;
 use crate::core::{CoreCtx, Counted};
 
-const AUX_BUFFERS: u32 = 32;
 const DSM_RANGE_LEN: u32 = core::mem::size_of::<DsmRange>() as u32;
 
 /// A command on a namespace's blocks, as `prepare` decoded and checked it: the LBA range is
@@ -234,12 +233,15 @@ pub(crate) fn execute(
             )
         }
         IoCmd::Compare(rw) => {
-            let Some(mut aux) = aux_buffer(core, q, req.len) else {
-                // Not DNR: the host retries once other Compares have returned their buffers.
-                return req.fail(Status::COMMAND_INTERRUPTED);
+            let max_transfer = q.limits.max_transfer();
+            let mut media = match core.compare_buffers.take(req.tag, req.len, max_transfer) {
+                Take::Buffer(buf) => buf,
+                Take::Queued => return Exec::Pending,
+                // Not DNR: another queue's larger transfers sized the pool, or memory ran out.
+                Take::Unavailable => return req.fail(Status::COMMAND_INTERRUPTED),
             };
-            aux.set_len(req.len as usize);
-            io(IoKind::Read, rw.slba, u64::from(rw.nlb), Some(aux), false)
+            media.set_len(req.len as usize);
+            io(IoKind::Read, rw.slba, u64::from(rw.nlb), Some(media), false)
         }
         IoCmd::Flush => {
             if !ns.bdev.supports(IoKind::Flush) {
@@ -270,18 +272,6 @@ pub(crate) fn execute(
         Ok(None) => Exec::Pending,
         Err(status) => req.fail(status),
     }
-}
-
-fn aux_buffer(core: &mut CoreCtx, q: &QueueState, len: u32) -> Option<nvmf_common::buffer::IoBuf> {
-    if core.aux_pool.is_none() {
-        let size = (q.limits.max_transfer() as usize).next_multiple_of(4096);
-        core.aux_pool = BufferPool::new(size, AUX_BUFFERS).ok();
-    }
-    let pool = core.aux_pool.as_ref()?;
-    if pool.buf_size() < len as usize {
-        return None;
-    }
-    pool.get()
 }
 
 /// Deallocates each range; attributes other than Deallocate are hints and need no action.

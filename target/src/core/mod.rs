@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use nvmf_common::buffer::BufferPool;
 use nvmf_common::spec::{Status, FABRICS_OPCODE};
 use rustc_hash::FxHashMap;
 
@@ -29,6 +28,7 @@ use crate::core::subsystem::{Namespace, Referral, SubsystemConfig, SubsystemId};
 
 pub mod ana;
 mod bdev_io;
+pub(crate) mod compare_buffers;
 pub mod controller;
 pub mod driver;
 pub mod latency;
@@ -195,7 +195,7 @@ pub struct CoreCtx {
     /// are one entry, recorded at once. Capacity fixed at creation; past it, an I/O counts
     /// with the clock it has.
     latency_waiting: Vec<(NsSlot, Counted, u32)>,
-    pub(crate) aux_pool: Option<BufferPool>,
+    pub(crate) compare_buffers: compare_buffers::CompareBuffers,
     clock: Clock,
     now_ms: u64,
     now_ns: u64,
@@ -243,7 +243,7 @@ impl CoreCtx {
             wakeups: Vec::with_capacity(256),
             persist_waits: Vec::new(),
             latency_waiting: Vec::with_capacity(bdev_io::LATENCY_WAITING_MAX),
-            aux_pool: None,
+            compare_buffers: Default::default(),
             clock: Clock::System(Instant::now()),
             now_ms: 0,
             now_ns: 0,
@@ -452,6 +452,20 @@ impl CoreCtx {
                 Exec::Complete
             }
             Wakeup::Aborted(status) => req.fail(status),
+            Wakeup::CompareBuffer => match req.op {
+                // Run again from the start: the namespace, its reservation and ANA state may
+                // have changed while it waited.
+                Op::Io(io) if q.ctrl.is_some() => {
+                    self.compare_buffers.resuming(true);
+                    let exec = cmd::io::execute(self, q, req, io);
+                    self.compare_buffers.resumed();
+                    exec
+                }
+                _ => {
+                    self.compare_buffers.resuming(false);
+                    req.fail(Status::ABORTED_SQ_DELETION)
+                }
+            },
         };
         self.after(q, req, exec)
     }
@@ -576,6 +590,9 @@ impl CoreCtx {
         }
         if !self.persist_waits.is_empty() {
             work += self.settle_persisted();
+        }
+        if self.compare_buffers.has_waiters() {
+            work += self.compare_buffers.wake(&mut self.wakeups);
         }
         self.tick = self.now_ms >= self.next_tick_ms;
         if self.tick {

@@ -77,6 +77,8 @@ pub enum Wakeup {
     },
     /// The controller or queue went away: complete with this status (usually aborted).
     Aborted(Status),
+    /// A Compare waiting for a buffer to read the media into may take one now.
+    CompareBuffer,
 }
 
 /// What `prepare` decided a command is: the command set that runs it and, for the I/O
