@@ -5,13 +5,15 @@
 //!
 //! A scrape never slows the data plane down: poll groups answer a message with copies of their
 //! own histograms (kept per reactor, summed here), the control-plane lock is held only to copy
-//! the subsystem list, and one scrape is served at a time on its own thread.
+//! the subsystem list. Each connection is served on a thread of its own, at most
+//! [`MAX_CONNECTIONS`] at once, and must send its request within [`HEAD_TIMEOUT`]: a client
+//! that trickles bytes, or connects and says nothing, cannot hold the scrapes up.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,7 +27,11 @@ use crate::rpc::Control;
 const POLL_GROUP_TIMEOUT: Duration = Duration::from_secs(2);
 /// A request head larger than this is not a scrape.
 const MAX_REQUEST: usize = 8 * 1024;
+/// The whole request head must have come by then.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once; another one gets 503 at once.
+const MAX_CONNECTIONS: usize = 4;
 /// After answering, how long and how much of a client's leftover request is read away.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 const MAX_DRAIN: usize = 64 * 1024;
@@ -57,12 +63,33 @@ pub fn serve(
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
+    let reactors = Arc::new(reactors);
+    let serving = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                if let Err(e) = answer(stream, &control, &reactors) {
-                    tracing::debug!(error = %e, "metrics request failed");
+                if serving.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+                    refuse(stream);
+                    continue;
+                }
+                serving.fetch_add(1, Ordering::AcqRel);
+                let (control, reactors, done) = (
+                    Arc::clone(&control),
+                    Arc::clone(&reactors),
+                    Arc::clone(&serving),
+                );
+                let spawned = std::thread::Builder::new()
+                    .name("metrics-scrape".into())
+                    .spawn(move || {
+                        if let Err(e) = answer(stream, &control, &reactors) {
+                            tracing::debug!(error = %e, "metrics request failed");
+                        }
+                        done.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if let Err(e) = spawned {
+                    serving.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!("cannot start a thread for a metrics request: {e}");
                 }
             }
         })?;
@@ -75,12 +102,23 @@ fn answer(
     control: &Mutex<Control>,
     reactors: &[ReactorCounters],
 ) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let deadline = Instant::now() + HEAD_TIMEOUT;
     let mut head = Vec::with_capacity(512);
     let mut chunk = [0u8; 512];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut chunk)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return respond(&mut stream, "408 Request Timeout", "request too slow\n");
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = match stream.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return respond(&mut stream, "408 Request Timeout", "request too slow\n");
+            }
+            Err(e) => return Err(e),
+        };
         if n == 0 || head.len() + n > MAX_REQUEST {
             return respond(&mut stream, "400 Bad Request", "bad request\n");
         }
@@ -96,6 +134,16 @@ fn answer(
         (Some("GET"), Some(_)) => respond(&mut stream, "404 Not Found", "try /metrics\n"),
         _ => respond(&mut stream, "405 Method Not Allowed", "GET /metrics\n"),
     }
+}
+
+/// Past [`MAX_CONNECTIONS`]: 503 at once, without reading the request.
+fn refuse(mut stream: TcpStream) {
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = write!(
+        stream,
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    let _ = stream.shutdown(std::net::Shutdown::Write);
 }
 
 fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {

@@ -190,3 +190,109 @@ fn a_hosts_io_shows_up_in_the_metrics() {
     drop(io);
     stop_reactors(reactors);
 }
+
+/// A scrape with a bound on how long the answer may take (a hung endpoint fails the test
+/// instead of hanging it).
+fn scrape_within(addr: SocketAddr, request: &str, limit: Duration) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(limit)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .unwrap_or_else(|e| panic!("no answer to {request:?} within {limit:?}: {e}"));
+    out
+}
+
+/// Scrapes until one is answered (slots free up as closed clients are noticed); panics
+/// after 5 s.
+fn scraped_again(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let resp = scrape_within(
+            addr,
+            "GET /metrics HTTP/1.1\r\n\r\n",
+            Duration::from_secs(4),
+        );
+        if resp.starts_with("HTTP/1.1 200") {
+            return;
+        }
+        assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
+        assert!(Instant::now() < deadline, "scrapes refused for 5 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Clients that trickle their request or say nothing hold a connection for at most the
+/// request timeout, and never the scrapes: a scrape is answered beside a trickling client,
+/// and, with every connection slot held by silent ones, refused at once (503) rather than
+/// queued behind them; once they time out (408), scrapes are answered again.
+#[test]
+fn slow_or_silent_clients_do_not_hold_up_the_scrapes() {
+    let info = Arc::new(TargetInfo::default());
+    let (reactors, handles) =
+        start_reactors(&[0], &info, nvmf_common::reactor::IdleMode::Adaptive).unwrap();
+    let mut target = Target::new(Arc::clone(&info));
+    for h in handles {
+        target.add_poll_group(h);
+    }
+    let counters: Vec<ReactorCounters> = reactors
+        .iter()
+        .map(|r| ReactorCounters {
+            core: r.core,
+            stats: Arc::clone(&r.stats),
+        })
+        .collect();
+    let control = Arc::new(Mutex::new(Control::new(
+        target,
+        Box::new(|o: &TransportOptions| Err(TransportError::UnsupportedType(o.trtype.clone()))),
+    )));
+    let addr = metrics::serve("127.0.0.1:0".parse().unwrap(), control, counters).unwrap();
+    let get = "GET /metrics HTTP/1.1\r\n\r\n";
+
+    // A byte every 200 ms, never the end of the head.
+    let mut trickler = TcpStream::connect(addr).unwrap();
+    trickler.write_all(b"GET /metrics HTTP/1.1\r\nX: ").unwrap();
+    let trickling = std::thread::spawn(move || {
+        for _ in 0..15 {
+            if trickler.write_all(b"a").is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        trickler
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let resp = scrape_within(addr, get, Duration::from_secs(4));
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let mut trickler = trickling.join().unwrap();
+    trickler
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = trickler.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    // Closed, so the endpoint stops draining it and frees its slot.
+    drop(trickler);
+    scraped_again(addr);
+
+    // Every slot held by a client that says nothing (a slot still draining a scrape just
+    // answered leaves one of them refused at once).
+    let silent: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let resp = scrape_within(addr, get, Duration::from_secs(4));
+    assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
+    let mut timed_out = 0;
+    for mut s in silent {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        if answer.starts_with("HTTP/1.1 408") {
+            timed_out += 1;
+        } else {
+            assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        }
+    }
+    assert!(timed_out >= 3, "{timed_out} silent clients held a slot");
+    scraped_again(addr);
+    stop_reactors(reactors);
+}
