@@ -11,6 +11,11 @@
 #     repairs its ports), the host reconnects within its ctrl_loss_tmo, and fio, running
 #     through the whole episode, saw no I/O error: the host held its I/O and sent it again.
 #     A pattern written before the removal reads back the same.
+#   - The target serves a second subsystem on the other device (rxe1, 10.0.0.2: the host's
+#     own device, a loopback path) with a second Linux host connection. The two devices
+#     number their QPs alike, so the target holds equal QP numbers on both (the log shows
+#     which): crc32c-verified writes on both paths at once, and the second path's fio runs
+#     through the first device's removal without an error or a reconnect.
 #   - A device the target never used (another rxe link, added and deleted while the target
 #     runs) is let go within seconds too: librdmacm opens every device it lists.
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
@@ -39,24 +44,68 @@ delete_link() {
     echo $((($(date +%s%N) - start) / 1000000))
 }
 
+# target_qpns DEV: the QP numbers nvmf-tgt's threads (the reactors make the QPs) hold on DEV.
+target_qpns() {
+    local tids
+    tids=$(ls "/proc/$NVMF_TGT_PID/task" | tr '\n' ' ')
+    rdma res show qp |
+        awk -v dev="$1/1" -v tids=" $tids" '$1 == "link" && $2 == dev {
+            q = ""; p = ""
+            for (i = 1; i < NF; i++) { if ($i == "lqpn") q = $(i + 1); if ($i == "pid") p = $(i + 1) }
+            if (p != "" && index(tids, " " p " ")) print q
+        }' | sort -n | tr '\n' ' '
+}
+
 lab_rxe_up
 nvmf_tgt_start -m 0x3
 nqn=nqn.2016-06.io.spdk:cnode1
+nqn_b=nqn.2016-06.io.spdk:cnode2
 nvmf_malloc_subsystem "$nqn" "$LAB_ADDR0" 4420 Malloc0:64:512
+nvmf_malloc_subsystem "$nqn_b" "$LAB_ADDR1" 4420 Malloc1:64:512
+# The second device's path first: the target's QPs on it then take numbers its first device
+# hands out too. The host's end of it is bound to the same device (a loopback path on rxe1),
+# so removing rxe0 leaves it whole: without --host-traddr the lab's routing sends it
+# through veth0, and Linux deletes a controller whose own device goes.
+blk_b=$(lab_nvme_connect "$nqn_b" "$LAB_ADDR1" 4420 --host-traddr="$LAB_ADDR1")
 blk=$(lab_nvme_connect "$nqn" "$LAB_ADDR0" 4420 --ctrl-loss-tmo=120 --reconnect-delay=2)
+ctrl_b=
+for c in /sys/class/nvme/nvme*; do
+    [[ $(cat "$c/subsysnqn") == "$nqn_b" ]] && ctrl_b=$(basename "$c")
+done
+[[ -n $ctrl_b ]] || lab_fail "no controller of $nqn_b"
+q0=$(target_qpns rxe0)
+q1=$(target_qpns rxe1)
+both=$(comm -12 <(tr ' ' '\n' <<<"$q0" | sed '/^$/d' | sort) <(tr ' ' '\n' <<<"$q1" | sed '/^$/d' | sort) | tr '\n' ' ')
+lab_log "target QP numbers: rxe0 [$q0] rxe1 [$q1]; on both devices: [$both]"
+rdma res show qp >&2
+# Both paths at once, every block verified: a capsule taken for another device's qpair
+# would land on the wrong namespace.
+lab_fio verify-a --filename="$blk" --rw=randwrite --bs=4k --iodepth=16 --ioengine=libaio \
+    --direct=1 --offset=40M --size=8M --verify=crc32c >&2 &
+va=$!
+lab_fio verify-b --filename="$blk_b" --rw=randwrite --bs=4k --iodepth=16 --ioengine=libaio \
+    --direct=1 --offset=40M --size=8M --verify=crc32c >&2 ||
+    lab_fail "verified writes through the second device failed"
+wait "$va" || lab_fail "verified writes through the first device failed"
+
 head -c 1048576 /dev/urandom >"$LAB_STATE/pattern"
 lab_t 60 dd if="$LAB_STATE/pattern" of="$blk" bs=64k oflag=direct status=none
 
 lab_log "rdma resources before: $(rdma res show 2>&1 | tr '\n' ';')"
-# fio through the whole episode: 4 KiB random reads and writes past the pattern.
+# fio through the whole episode on both paths: 4 KiB random reads and writes past the pattern.
 lab_fio through-removal --filename="$blk" --rw=randrw --bs=4k --iodepth=8 --ioengine=libaio \
     --direct=1 --offset=8M --size=32M --time_based --runtime=40 >"$LAB_STATE/fio.txt" &
 fio_pid=$!
+lab_fio beside-removal --filename="$blk_b" --rw=randrw --bs=4k --iodepth=8 --ioengine=libaio \
+    --direct=1 --offset=8M --size=32M --time_based --runtime=40 >"$LAB_STATE/fio-b.txt" &
+fio_b_pid=$!
 sleep 5
 
 ms=$(delete_link rxe0 30)
 lab_log "rdma link delete rxe0 took $ms ms"
 kill -0 "$NVMF_TGT_PID" || lab_fail "nvmf-tgt died with its device"
+[[ $(cat "/sys/class/nvme/$ctrl_b/state") == live ]] ||
+    lab_fail "the second device's path left live when the first device went ($(cat "/sys/class/nvme/$ctrl_b/state"))"
 grep -q "RDMA device removed" "$LAB_OUT/nvmf-tgt.log" || lab_fail "the target did not log the removal"
 stats=$(nvmf_rpc nvmf_get_stats)
 [[ $stats != *'"name": "rxe0"'* ]] || lab_fail "nvmf_get_stats still lists rxe0 after its removal"
@@ -69,6 +118,10 @@ lab_wait_until 30 "the listener back on rxe0" grep -q "RDMA listener back" "$LAB
 lab_wait_until 60 "the host to reconnect" sh -c "grep -qx live /sys/class/nvme/nvme*/state"
 wait "$fio_pid" || lab_fail "fio saw I/O errors through the removal: $(cat "$LAB_STATE/fio.txt")"
 lab_log "fio through the removal: $(cat "$LAB_STATE/fio.txt")"
+wait "$fio_b_pid" || lab_fail "fio on the second device saw I/O errors: $(cat "$LAB_STATE/fio-b.txt")"
+lab_log "fio on the second device meanwhile: $(cat "$LAB_STATE/fio-b.txt")"
+! grep -q "$ctrl_b: \(Reconnecting\|reconnect\|resetting\)" <(dmesg) ||
+    lab_fail "the second device's path reconnected: $(dmesg | grep "$ctrl_b:" | tail -5)"
 lab_t 60 dd if="$blk" of="$LAB_STATE/back" bs=64k count=16 iflag=direct status=none
 cmp "$LAB_STATE/pattern" "$LAB_STATE/back" || lab_fail "the pattern written before the removal reads back different"
 stats=$(nvmf_rpc nvmf_get_stats)
@@ -85,5 +138,6 @@ lab_log "rdma link delete rxe2 (never used by the target) took $ms2 ms"
 lab_t 10 ip link del veth2
 
 lab_nvme_disconnect "$nqn"
+lab_nvme_disconnect "$nqn_b"
 nvmf_tgt_stop
-lab_pass "rdma link delete under I/O took $ms ms (unused device: $ms2 ms); listener back, host reconnected, fio without errors, data intact"
+lab_pass "rdma link delete under I/O took $ms ms (unused device: $ms2 ms); listener back, host reconnected, fio without errors, data intact; the other device's path untouched; QP numbers on both devices: [$both]"
