@@ -1,8 +1,9 @@
 //! The randomized driver of the RDMA transport over the simulated fabric: a schedule of
 //! connects of random depth, valid and garbage capsules, hosts that stop receiving, disconnect
 //! or vanish, hosts whose ACKs come late while they keep their queue full (commands then wait
-//! for request slots: about 2 seeds in 5 make some), and time jumps past every timeout, with
-//! the target's invariants checked after every step. A schedule comes from a seed
+//! for request slots: about 2 seeds in 5 make some), the target's device removed and back
+//! (at once, or once the target has let it go), and time jumps past every timeout, with the
+//! target's invariants checked after every step. A schedule comes from a seed
 //! ([`run_seed`]) or from fuzzer bytes ([`run_bytes`]); the same input replays exactly.
 //!
 //! Invariants:
@@ -11,7 +12,8 @@
 //!   answered (its CID is outstanding on that queue), at most once;
 //! - a queue the host closed receives nothing after the close;
 //! - once every host is gone and time has passed, the target holds no qpair, request, data
-//!   buffer or receive slot.
+//!   buffer or receive slot;
+//! - a removed device is let go (nothing of the target's left on it) within 5 s.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -161,6 +163,7 @@ impl Driver {
                     Duration::from_millis(ms.div_ceil(20)),
                 );
             }
+            15 => self.device_flap(c),
             16 => self.late_responses(c),
             _ => self.lab.turns(1 + c.below(20)),
         }
@@ -334,6 +337,32 @@ impl Driver {
         if extra > 0 && c.below(2) == 0 {
             self.keep_queue_full(i, c.below(200));
         }
+    }
+
+    /// The target's device is removed (`rdma link delete`) and comes back: at once, or once
+    /// the target has let go of everything it held on it, which it must within 5 s.
+    fn device_flap(&mut self, c: &mut impl Choices) {
+        let ip = crate::sim::target_ip();
+        self.lab.fabric.remove_device(ip);
+        if c.below(2) == 0 {
+            self.lab.turns(c.below(30));
+        } else {
+            for _ in 0..100 {
+                if self.lab.fabric.device_objects(ip).total() == 0 {
+                    break;
+                }
+                self.lab
+                    .run_for(Duration::from_millis(50), Duration::from_millis(5));
+                self.collect();
+            }
+            let held = self.lab.fabric.device_objects(ip);
+            assert_eq!(
+                held.total(),
+                0,
+                "the target still holds the removed device: {held:?}"
+            );
+        }
+        self.lab.fabric.restore_device(ip);
     }
 
     /// Queue `i`'s host keeps its whole queue busy for `turns` turns: a new command (a
