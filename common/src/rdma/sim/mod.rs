@@ -49,6 +49,10 @@
 //!   index, held RDMA WRITEs, late responses (a requester's completions lagging the
 //!   peer's next requests), stray RDMA WRITEs a QP's owner never posted, host crash (peers end in `RETRY_EXC_ERR` after the transport
 //!   timeout), injected async events.
+//! - Device removal and return ([`SimFabric::remove_device`], the `removal` module):
+//!   `DEVICE_REMOVAL` to every CM id bound to the device, which the kernel side closes; QPs to
+//!   Error; nothing new made on it; [`SimFabric::device_objects`] counts what users still hold
+//!   (the kernel's removal waits for none). A device that comes back is a new one.
 //!
 //! Not simulated: SEND with immediate (posting it fails with `InvalidArgument`), atomics,
 //! type 1 windows and fast-registered regions (a LOCAL_INV or SEND_WITH_INVALIDATE of a
