@@ -7,7 +7,8 @@ use nvmf_common::rdma::{
     SendWr, Verbs, VerbsCmId, VerbsContext, VerbsCq, VerbsQp,
 };
 use nvmf_common::spec::rdma_cm::{RdmaCmAccept, RdmaCmRejectStatus};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use zerocopy::IntoBytes;
@@ -465,14 +466,62 @@ impl<V: Verbs> RdmaPollGroup<V> {
         let dev = self.devices.remove(d);
         tracing::info!(device = %dev.ctx.device_name(), "RDMA device resources freed");
         drop(dev);
-        for qp in self.qpairs.iter_mut().flatten() {
-            if qp.dev > d {
-                if let Some(qi) = self.by_qp_num.remove(&qp_key(qp.dev, qp.qp.qp_num())) {
-                    qp.dev -= 1;
-                    self.by_qp_num.insert(qp_key(qp.dev, qp.qp.qp_num()), qi);
-                } else {
-                    qp.dev -= 1;
-                }
+        let qps = self
+            .qpairs
+            .iter_mut()
+            .flatten()
+            .map(|qp| (&mut qp.dev, qp.qp.qp_num()));
+        shift_keys_down(&mut self.by_qp_num, qps, d);
+    }
+}
+
+/// Device `d` is gone (no qpair is on it): the qpairs on the devices after it move down one
+/// place, their keys with them. Every key that moves is taken out before any is put back:
+/// devices number their QPs alike, so a key moving down may be one still to move, which an
+/// insertion would overwrite (one host's capsules then reaching another's qpair).
+fn shift_keys_down<'a, S: BuildHasher>(
+    by_qp_num: &mut HashMap<u64, usize, S>,
+    qps: impl Iterator<Item = (&'a mut usize, u32)>,
+    d: usize,
+) {
+    let mut moved = Vec::new();
+    for (dev, qp_num) in qps.filter(|(dev, _)| **dev > d) {
+        if let Some(qi) = by_qp_num.remove(&qp_key(*dev, qp_num)) {
+            moved.push((qp_key(*dev - 1, qp_num), qi));
+        }
+        *dev -= 1;
+    }
+    by_qp_num.extend(moved);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::{qp_key, shift_keys_down};
+
+    /// Three devices numbering their QPs alike, the first removed: each qpair keeps its own
+    /// key, whatever order the qpairs come in.
+    #[test]
+    fn keys_of_devices_after_a_removed_one_move_down_without_overwriting() {
+        for order in [[0usize, 1, 2, 3], [3, 2, 1, 0], [2, 3, 0, 1]] {
+            // Qpair i: (device, QP number). Device 0 (removed) has none left.
+            let mut qps = [(1usize, 0x11u32), (2, 0x11), (2, 0x12), (1, 0x12)];
+            let mut by_qp_num: HashMap<u64, usize> = qps
+                .iter()
+                .enumerate()
+                .map(|(qi, &(dev, num))| (qp_key(dev, num), qi))
+                .collect();
+            let mut slots: Vec<Option<&mut (usize, u32)>> = qps.iter_mut().map(Some).collect();
+            let in_order = order
+                .iter()
+                .map(|&i| slots[i].take().expect("each once"))
+                .map(|q| (&mut q.0, q.1));
+            shift_keys_down(&mut by_qp_num, in_order, 0);
+            assert_eq!(qps, [(0, 0x11), (1, 0x11), (1, 0x12), (0, 0x12)]);
+            assert_eq!(by_qp_num.len(), 4, "{order:?}");
+            for (qi, &(dev, num)) in qps.iter().enumerate() {
+                assert_eq!(by_qp_num.get(&qp_key(dev, num)), Some(&qi), "{order:?}");
             }
         }
     }
