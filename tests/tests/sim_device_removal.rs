@@ -94,3 +94,28 @@ fn a_listener_removed_while_its_device_is_away_stays_closed() {
     );
     assert_eq!(lab.fabric.device_objects(target_ip()).total(), 0);
 }
+
+/// A device no CM event reports gone: its listener was removed by RPC, so no id is bound to
+/// it, while the reactors still hold what the listener had them build. The acceptor's look
+/// at the device list finds it missing and lets it go all the same.
+#[test]
+fn a_device_no_cm_event_reports_is_let_go_too() {
+    let mut lab = SimLab::with(5, small_options(), 2);
+    // Listening again once the reactors run has them build the device's resources (the
+    // lab's first listener came before they had the transport).
+    lab.target
+        .remove_listener(SUBNQN, &listen_address())
+        .expect("the listener is configured");
+    lab.target
+        .add_listener(SUBNQN, listen_address())
+        .expect("listening again");
+    lab.turns(4);
+    lab.target
+        .remove_listener(SUBNQN, &listen_address())
+        .expect("the listener is configured");
+    lab.turns(4);
+    let held = lab.fabric.device_objects(target_ip());
+    assert!(held.pds >= 2 && held.cm_ids == 0, "{held:?}");
+    lab.fabric.remove_device(target_ip());
+    until_device_released(&mut lab);
+}

@@ -71,12 +71,14 @@ pub trait Verbs: Clone + Send + Sync + 'static {
         Instant::now()
     }
 
-    /// Has the provider notice devices removed since it last looked. librdmacm learns of a
-    /// removal only when it lists the devices, and only then closes the removed device's
-    /// context (at once if nothing uses it, else when its last user lets go): until it does,
-    /// the kernel cannot finish the removal (with soft-RoCE, `rdma link delete` waits),
-    /// even for a device this process never used.
-    fn sync_devices(&self) {}
+    /// The devices present now, the provider having noticed those removed since it last
+    /// looked; `None` if they cannot be listed. librdmacm learns of a removal only when it
+    /// lists the devices, and only then closes the removed device's context (at once if
+    /// nothing uses it, else when its last user lets go): until it does, the kernel cannot
+    /// finish the removal (with soft-RoCE, `rdma link delete` waits), even for a device this
+    /// process never used. (librdmacm stops before it looks when no device is left: the last
+    /// one's context stays open.)
+    fn sync_devices(&self) -> Option<Vec<Arc<Self::Context>>>;
 
     /// Where a caller with nothing to do waits: the system sleeps, a simulation runs its
     /// scheduler instead.
@@ -263,10 +265,17 @@ impl Verbs for RealVerbs {
         EventChannel::new()
     }
 
-    fn sync_devices(&self) {
-        // Listing is what makes librdmacm look; the list itself is not needed.
-        if let Err(e) = Context::cm_devices() {
-            tracing::debug!("listing RDMA devices failed: {e}");
+    fn sync_devices(&self) -> Option<Vec<Arc<Context>>> {
+        match Context::cm_devices() {
+            Ok(list) => Some(list),
+            // librdmacm's answer when no device is left.
+            Err(RdmaError::GetCmDevices(e)) if e.raw_os_error() == Some(libc::ENODEV) => {
+                Some(Vec::new())
+            }
+            Err(e) => {
+                tracing::debug!("listing RDMA devices failed: {e}");
+                None
+            }
         }
     }
 

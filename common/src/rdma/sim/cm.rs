@@ -59,6 +59,8 @@ pub(crate) struct CmIdState {
     pub host: HostId,
     /// The device the id is bound to.
     pub device: Option<HostId>,
+    /// The coming of that device the id was bound in (see `Host::incarnation`).
+    pub incarnation: u32,
     pub local: Option<SocketAddr>,
     pub peer: Option<SocketAddr>,
     pub st: CmSt,
@@ -165,6 +167,7 @@ impl FabricState {
                 channel,
                 host,
                 device: None,
+                incarnation: 0,
                 local: None,
                 peer: None,
                 st: CmSt::Idle,
@@ -235,10 +238,12 @@ impl FabricState {
             return Err(RdmaError::BindAddr(os(libc::EADDRINUSE)));
         }
         self.bound.insert((host, ip, port), id);
+        let incarnation = self.hosts[host].incarnation;
         let s = self.cm_mut(id);
         s.bound = Some((host, ip, port));
         s.local = Some(socket(ip, port));
         s.device = (!ip.is_unspecified()).then_some(host);
+        s.incarnation = incarnation;
         s.st = CmSt::Bound;
         Ok(())
     }
@@ -276,10 +281,12 @@ impl FabricState {
                 socket(my_ip, port)
             }
         };
+        let incarnation = self.hosts[host].incarnation;
         let s = self.cm_mut(id);
         s.local = Some(local);
         s.peer = Some(dst);
         s.device = Some(host);
+        s.incarnation = incarnation;
         s.st = CmSt::AddrQuery;
         let reachable = self
             .host_of_ip(dst.ip())
@@ -496,6 +503,7 @@ impl FabricState {
                 channel,
                 host: lhost,
                 device: Some(host),
+                incarnation: self.hosts[host].incarnation,
                 local: Some(dst),
                 peer: Some(src),
                 st: CmSt::ReqReceived,

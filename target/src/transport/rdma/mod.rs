@@ -120,6 +120,9 @@ struct AcceptorState {
     next_serial: u64,
     /// When the device list is next looked at and lost listeners try to listen again.
     next_device_check: Option<Instant>,
+    /// The device list was seen with a device in it; and, last time, with none.
+    devices_seen: bool,
+    told_none_left: bool,
 }
 
 impl AcceptorState {
@@ -308,13 +311,16 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
     }
 
     fn stop_listen(&self, addr: &ListenAddress) {
-        let removed = self
+        // Both under the listeners lock: the acceptor takes a lost address back only under
+        // it, so it cannot listen again on one this call removed.
+        let mut listeners = self
             .shared
             .listeners
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(addr);
+            .unwrap_or_else(|e| e.into_inner());
+        let removed = listeners.remove(addr);
         let was_lost = forget_lost(&self.shared, addr);
+        drop(listeners);
         if removed.is_some() || was_lost {
             tracing::info!(%addr, "RDMA listener stopped");
         }
@@ -471,7 +477,29 @@ fn housekeeping<V: Verbs>(shared: &Shared<V>, state: &mut AcceptorState) {
         return;
     }
     state.next_device_check = Some(now + DEVICE_CHECK_INTERVAL);
-    shared.verbs.sync_devices();
+    // A device can go without a CM event reaching us: one served through a wildcard
+    // listener with no connection left, or prepared by a listener since removed.
+    if let Some(live) = shared.verbs.sync_devices() {
+        let gone: Vec<_> = shared
+            .devices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|d| !live.iter().any(|l| l.same_device(d)))
+            .cloned()
+            .collect();
+        // librdmacm stops looking when no device is left, so it never closes the last one's
+        // context: said once, when it happens.
+        if live.is_empty() && state.devices_seen && !state.told_none_left {
+            tracing::warn!("no RDMA device is left: librdmacm keeps the last one's context open, so its removal (`rdma link delete` of soft-RoCE) waits until nvmf-tgt exits");
+        }
+        state.told_none_left = live.is_empty();
+        state.devices_seen |= !live.is_empty();
+        drop(live);
+        for ctx in gone {
+            retire_device(shared, ctx);
+        }
+    }
     let lost = shared
         .lost
         .lock()

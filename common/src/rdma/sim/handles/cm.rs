@@ -248,7 +248,10 @@ impl VerbsCmId<SimVerbs> for SimCmId {
     fn is_on(&self, ctx: &SimContext) -> bool {
         let st = self.fabric().lock();
         Arc::ptr_eq(&self.fabric().0, &ctx.fabric.0)
-            && st.cm_ids.get(&self.inner.id).and_then(|s| s.device) == Some(ctx.host)
+            && st
+                .cm_ids
+                .get(&self.inner.id)
+                .is_some_and(|s| s.device == Some(ctx.host) && s.incarnation == ctx.incarnation)
     }
 
     fn create_qp(

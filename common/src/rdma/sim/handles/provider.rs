@@ -46,6 +46,16 @@ impl Verbs for SimVerbs {
         })
     }
 
+    /// The host's own device, unless it is removed.
+    fn sync_devices(&self) -> Option<Vec<Arc<SimContext>>> {
+        let removed = self.fabric.lock().hosts[self.host].removed;
+        Some(if removed {
+            Vec::new()
+        } else {
+            vec![SimContext::new(self.fabric.clone(), self.host)]
+        })
+    }
+
     fn alloc_pd(ctx: &Arc<SimContext>) -> Result<Arc<SimPd>> {
         ctx.check_live(RdmaError::AllocPd)?;
         let id = {
