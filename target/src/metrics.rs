@@ -29,9 +29,12 @@ const POLL_GROUP_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_REQUEST: usize = 8 * 1024;
 /// The whole request head must have come by then.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Writing an answer takes at most this in all.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once; another one gets 503 at once.
 const MAX_CONNECTIONS: usize = 4;
+/// Writing a refusal, and reading away the request after it, each take at most this.
+const REFUSE_TIME: Duration = Duration::from_millis(50);
 /// After answering, how long and how much of a client's leftover request is read away.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 const MAX_DRAIN: usize = 64 * 1024;
@@ -102,7 +105,6 @@ fn answer(
     control: &Mutex<Control>,
     reactors: &[ReactorCounters],
 ) -> std::io::Result<()> {
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
     let deadline = Instant::now() + HEAD_TIMEOUT;
     let mut head = Vec::with_capacity(512);
     let mut chunk = [0u8; 512];
@@ -136,31 +138,58 @@ fn answer(
     }
 }
 
-/// Past [`MAX_CONNECTIONS`]: 503 at once, without reading the request.
+/// Past [`MAX_CONNECTIONS`]: 503 at once, without reading the request (on the accepting
+/// thread, so in at most [`REFUSE_TIME`] twice).
 fn refuse(mut stream: TcpStream) {
-    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-    let _ = write!(
-        stream,
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let answer =
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    let _ = send_then_close(&mut stream, answer, REFUSE_TIME, REFUSE_TIME);
 }
 
 fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {
-    write!(
-        stream,
+    let answer = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )?;
-    stream.flush()?;
-    // Closing with unread request bytes would reset the connection before the client reads
-    // the answer: end our side, then drain what the client still sends (bounded).
+    );
+    send_then_close(stream, answer.as_bytes(), IO_TIMEOUT, DRAIN_TIMEOUT)
+}
+
+/// Writes `answer` within `write_time` in all (a client reading slowly gets cut off), ends
+/// our side, then reads away what the client still sends for at most `drain_time` in all
+/// and [`MAX_DRAIN`] bytes: closing with unread request bytes would reset the connection
+/// before the client read the answer.
+fn send_then_close(
+    stream: &mut TcpStream,
+    answer: &[u8],
+    write_time: Duration,
+    drain_time: Duration,
+) -> std::io::Result<()> {
+    let deadline = Instant::now() + write_time;
+    let mut rest = answer;
+    while !rest.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(rest) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
     stream.shutdown(std::net::Shutdown::Write)?;
-    stream.set_read_timeout(Some(DRAIN_TIMEOUT))?;
+    let deadline = Instant::now() + drain_time;
     let mut sink = [0u8; 4096];
     let mut drained = 0;
     while drained < MAX_DRAIN {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        stream.set_read_timeout(Some(left))?;
         match stream.read(&mut sink) {
             Ok(0) | Err(_) => break,
             Ok(n) => drained += n,

@@ -294,5 +294,27 @@ fn slow_or_silent_clients_do_not_hold_up_the_scrapes() {
     }
     assert!(timed_out >= 3, "{timed_out} silent clients held a slot");
     scraped_again(addr);
+
+    // Clients that send their request, then keep trickling bytes after the answer: what is
+    // read away after answering is bounded in time, so their slots come back.
+    let tricklers: Vec<_> = (0..4)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(get.as_bytes()).unwrap();
+            std::thread::spawn(move || {
+                for _ in 0..40 {
+                    if s.write_all(b"x").is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    scraped_again(addr);
+    for t in tricklers {
+        t.join().unwrap();
+    }
     stop_reactors(reactors);
 }
