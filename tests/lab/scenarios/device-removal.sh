@@ -68,15 +68,22 @@ nvmf_malloc_subsystem "$nqn_b" "$LAB_ADDR1" 4420 Malloc1:64:512
 # through veth0, and Linux deletes a controller whose own device goes.
 blk_b=$(lab_nvme_connect "$nqn_b" "$LAB_ADDR1" 4420 --host-traddr="$LAB_ADDR1")
 blk=$(lab_nvme_connect "$nqn" "$LAB_ADDR0" 4420 --ctrl-loss-tmo=120 --reconnect-delay=2)
-ctrl_b=
-for c in /sys/class/nvme/nvme*; do
-    [[ $(cat "$c/subsysnqn") == "$nqn_b" ]] && ctrl_b=$(basename "$c")
-done
-[[ -n $ctrl_b ]] || lab_fail "no controller of $nqn_b"
+# controller_of NQN: the host's controller (nvmeN) of subsystem NQN.
+controller_of() {
+    local c
+    for c in /sys/class/nvme/nvme*; do
+        [[ $(cat "$c/subsysnqn") == "$1" ]] && basename "$c"
+    done
+    return 0
+}
+ctrl_a=$(controller_of "$nqn")
+ctrl_b=$(controller_of "$nqn_b")
+[[ -n $ctrl_a && -n $ctrl_b ]] || lab_fail "no controller of $nqn or $nqn_b"
 q0=$(target_qpns rxe0)
 q1=$(target_qpns rxe1)
 both=$(comm -12 <(tr ' ' '\n' <<<"$q0" | sed '/^$/d' | sort) <(tr ' ' '\n' <<<"$q1" | sed '/^$/d' | sort) | tr '\n' ' ')
 lab_log "target QP numbers: rxe0 [$q0] rxe1 [$q1]; on both devices: [$both]"
+[[ -n ${both// /} ]] || lab_fail "the target's QPs on rxe0 and rxe1 share no number: the two-device check would prove nothing"
 rdma res show qp >&2
 # Both paths at once, every block verified: a capsule taken for another device's qpair
 # would land on the wrong namespace.
@@ -115,7 +122,7 @@ sleep 3
 lab_t 30 rdma link add rxe0 type rxe netdev veth0
 lab_wait_until 60 "rxe0 ACTIVE" sh -c "rdma link show rxe0/1 | grep -q 'state ACTIVE'"
 lab_wait_until 30 "the listener back on rxe0" grep -q "RDMA listener back" "$LAB_OUT/nvmf-tgt.log"
-lab_wait_until 60 "the host to reconnect" sh -c "grep -qx live /sys/class/nvme/nvme*/state"
+lab_wait_until 60 "the host to reconnect" grep -qx live "/sys/class/nvme/$ctrl_a/state"
 wait "$fio_pid" || lab_fail "fio saw I/O errors through the removal: $(cat "$LAB_STATE/fio.txt")"
 lab_log "fio through the removal: $(cat "$LAB_STATE/fio.txt")"
 wait "$fio_b_pid" || lab_fail "fio on the second device saw I/O errors: $(cat "$LAB_STATE/fio-b.txt")"
