@@ -61,6 +61,12 @@ impl Device {
     }
 }
 
+/// Whether libibverbs lists no device at all: a list came back, empty (a failed listing is
+/// not that).
+pub(crate) fn no_device_listed() -> bool {
+    DeviceList::get().is_ok_and(|l| !l.raw.is_null() && l.len == 0)
+}
+
 /// Owned result of `ibv_get_device_list`, freed on drop.
 struct DeviceList {
     raw: *mut *mut sys::ibv_device,

@@ -268,8 +268,11 @@ impl Verbs for RealVerbs {
     fn sync_devices(&self) -> Option<Vec<Arc<Context>>> {
         match Context::cm_devices() {
             Ok(list) => Some(list),
-            // librdmacm's answer when no device is left.
-            Err(RdmaError::GetCmDevices(e)) if e.raw_os_error() == Some(libc::ENODEV) => {
+            // librdmacm's answer when no device is left, and when libibverbs could not list
+            // them: only an empty list from libibverbs itself says which.
+            Err(RdmaError::GetCmDevices(e))
+                if e.raw_os_error() == Some(libc::ENODEV) && super::device::no_device_listed() =>
+            {
                 Some(Vec::new())
             }
             Err(e) => {

@@ -311,10 +311,12 @@ impl FabricState {
         Ok(())
     }
 
-    /// The device the id is bound to; none once that device is removed.
+    /// The device the id is bound to; none once that device is removed (even if another
+    /// came back in its place).
     pub(crate) fn cm_device(&self, id: ObjId) -> Result<HostId> {
-        let host = self.cm(id)?.device.ok_or(RdmaError::NoDevice)?;
-        if self.hosts[host].removed {
+        let s = self.cm(id)?;
+        let host = s.device.ok_or(RdmaError::NoDevice)?;
+        if self.hosts[host].removed || self.hosts[host].incarnation != s.incarnation {
             return Err(RdmaError::NoDevice);
         }
         Ok(host)

@@ -80,6 +80,8 @@ struct Shared<V: Verbs> {
     /// Devices a reactor saw removed (a connection's `DEVICE_REMOVAL`): the acceptor tells
     /// every reactor and forgets them.
     removed: Arc<SegQueue<Arc<V::Context>>>,
+    /// Whether the acceptor looks at the device list (see [`DEVICE_CHECK_INTERVAL`]).
+    device_list_checks: AtomicBool,
     /// Every device a listener or connection was seen on: the acceptor reads their
     /// asynchronous events and hands them to the poll groups.
     devices: Mutex<Vec<Arc<V::Context>>>,
@@ -168,6 +170,7 @@ impl<V: Verbs> RdmaTransport<V> {
             verbs,
             lost: Mutex::new(Vec::new()),
             removed: Arc::new(SegQueue::new()),
+            device_list_checks: AtomicBool::new(true),
             limits: opts.limits(),
             opts,
             channel,
@@ -211,6 +214,12 @@ impl<V: Verbs> RdmaTransport<V> {
             wait = Duration::ZERO;
         }
         handled
+    }
+
+    /// Turns the acceptor's look at the device list off or on (on by default): for tests
+    /// that show a removal is handled from its CM events alone.
+    pub fn set_device_list_checks(&self, on: bool) {
+        self.shared.device_list_checks.store(on, Ordering::Relaxed);
     }
 
     /// Connections the acceptor in [`AcceptorMode::Driven`] knows the reactor of (for
@@ -478,24 +487,32 @@ fn housekeeping<V: Verbs>(shared: &Shared<V>, state: &mut AcceptorState) {
     }
     state.next_device_check = Some(now + DEVICE_CHECK_INTERVAL);
     // A device can go without a CM event reaching us: one served through a wildcard
-    // listener with no connection left, or prepared by a listener since removed.
-    if let Some(live) = shared.verbs.sync_devices() {
-        let gone: Vec<_> = shared
-            .devices
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|d| !live.iter().any(|l| l.same_device(d)))
-            .cloned()
-            .collect();
+    // listener with no connection left, or prepared by a listener since removed. Listed
+    // under the devices lock: a device a listener notes meanwhile (one librdmacm had not
+    // seen when it listed) would otherwise look gone.
+    let listed = {
+        let devices = shared.devices.lock().unwrap_or_else(|e| e.into_inner());
+        let checks = shared.device_list_checks.load(Ordering::Relaxed);
+        checks
+            .then(|| shared.verbs.sync_devices())
+            .flatten()
+            .map(|live| {
+                let gone: Vec<_> = devices
+                    .iter()
+                    .filter(|d| !live.iter().any(|l| l.same_device(d)))
+                    .cloned()
+                    .collect();
+                (gone, live.is_empty())
+            })
+    };
+    if let Some((gone, none_left)) = listed {
         // librdmacm stops looking when no device is left, so it never closes the last one's
         // context: said once, when it happens.
-        if live.is_empty() && state.devices_seen && !state.told_none_left {
+        if none_left && state.devices_seen && !state.told_none_left {
             tracing::warn!("no RDMA device is left: librdmacm keeps the last one's context open, so its removal (`rdma link delete` of soft-RoCE) waits until nvmf-tgt exits");
         }
-        state.told_none_left = live.is_empty();
-        state.devices_seen |= !live.is_empty();
-        drop(live);
+        state.told_none_left = none_left;
+        state.devices_seen |= !none_left;
         for ctx in gone {
             retire_device(shared, ctx);
         }
