@@ -453,8 +453,8 @@ impl CoreCtx {
             }
             Wakeup::Aborted(status) => req.fail(status),
             Wakeup::CompareBuffer => match req.op {
-                // Run again from the start: the namespace, its reservation and ANA state may
-                // have changed while it waited.
+                // Run again from the start: the namespace and its reservation may have changed
+                // while it waited.
                 Op::Io(io) if q.ctrl.is_some() => {
                     self.compare_buffers.resuming(true);
                     let exec = cmd::io::execute(self, q, req, io);
