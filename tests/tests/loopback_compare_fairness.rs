@@ -36,23 +36,28 @@ fn responses(lab: &mut LoopbackLab, q: &LoopbackHostQueue, want: usize) -> Vec<S
     got
 }
 
-#[test]
-fn one_hosts_compares_on_slow_media_delay_but_never_fail_anothers() {
+/// A namespace on a disk that takes 20 ms per read (the Compares hold every buffer for a
+/// while), a noisy and a quiet host, and the noisy host's Compares sent (they match: the
+/// media is zeroes).
+fn noisy_compares() -> (LoopbackLab, HostController, HostController) {
     let mut lab = LoopbackLab::default();
     let base = lab.malloc("Base", 64, 512);
-    // 20 ms per read: the noisy host's Compares hold every buffer for a while.
     let slow = DelayBdev::new("Slow", base, None, 20_000, 20_000, 0, 0);
     lab.target.bdevs.register(Arc::new(slow)).unwrap();
     lab.subsystem(NQN, &["Slow"]);
     let mut noisy = linux_bring_up_as(&mut lab, NQN, 1, "nqn.2014-08.org.example:noisy");
-    let mut quiet = linux_bring_up_as(&mut lab, NQN, 1, "nqn.2014-08.org.example:quiet");
-
-    // The media is zeroes: every Compare of zeroes matches.
+    let quiet = linux_bring_up_as(&mut lab, NQN, 1, "nqn.2014-08.org.example:quiet");
     for _ in 0..NOISY_COMPARES {
         let cid = noisy.cid();
         noisy.io[0].submit(in_capsule(Command::compare(cid, 1, 0, 1), vec![0; 512]));
     }
     lab.pg.poll();
+    (lab, noisy, quiet)
+}
+
+#[test]
+fn one_hosts_compares_on_slow_media_delay_but_never_fail_anothers() {
+    let (mut lab, noisy, mut quiet) = noisy_compares();
     let cid = quiet.cid();
     quiet.io[0].submit(in_capsule(Command::compare(cid, 1, 0, 1), vec![0; 512]));
 
@@ -77,18 +82,7 @@ fn one_hosts_compares_on_slow_media_delay_but_never_fail_anothers() {
 /// slot is held for ever, the queue is reaped), and the other host is served.
 #[test]
 fn compares_waiting_for_a_buffer_end_with_their_queue() {
-    let mut lab = LoopbackLab::default();
-    let base = lab.malloc("Base", 64, 512);
-    let slow = DelayBdev::new("Slow", base, None, 20_000, 20_000, 0, 0);
-    lab.target.bdevs.register(Arc::new(slow)).unwrap();
-    lab.subsystem(NQN, &["Slow"]);
-    let mut noisy = linux_bring_up_as(&mut lab, NQN, 1, "nqn.2014-08.org.example:noisy");
-    let mut quiet = linux_bring_up_as(&mut lab, NQN, 1, "nqn.2014-08.org.example:quiet");
-    for _ in 0..NOISY_COMPARES {
-        let cid = noisy.cid();
-        noisy.io[0].submit(in_capsule(Command::compare(cid, 1, 0, 1), vec![0; 512]));
-    }
-    lab.pg.poll();
+    let (mut lab, noisy, mut quiet) = noisy_compares();
     drop(noisy);
     let cid = quiet.cid();
     quiet.io[0].submit(in_capsule(Command::compare(cid, 1, 0, 1), vec![0; 512]));

@@ -40,6 +40,35 @@ fn run(q: &LoopbackHostQueue, capsule: Capsule) -> Response {
     r
 }
 
+/// One live reactor and a target using it.
+fn one_reactor_target() -> (Vec<nvmf_common::reactor::Reactor>, Target) {
+    let info = Arc::new(TargetInfo::default());
+    let (reactors, handles) =
+        start_reactors(&[0], &info, nvmf_common::reactor::IdleMode::Adaptive).unwrap();
+    let mut target = Target::new(info);
+    for h in handles {
+        target.add_poll_group(h);
+    }
+    (reactors, target)
+}
+
+/// The endpoint on a loopback port for `target` and its `reactors`.
+fn serve(target: Target, reactors: &[nvmf_common::reactor::Reactor]) -> SocketAddr {
+    let counters: Vec<ReactorCounters> = reactors
+        .iter()
+        .map(|r| ReactorCounters {
+            core: r.core,
+            stats: Arc::clone(&r.stats),
+        })
+        .collect();
+    let control = Arc::new(Mutex::new(Control::new(
+        target,
+        Box::new(|o: &TransportOptions| Err(TransportError::UnsupportedType(o.trtype.clone()))),
+    )));
+    let listen = metrics::parse_listen("127.0.0.1:0").unwrap();
+    metrics::serve(listen, control, counters).unwrap()
+}
+
 fn scrape(addr: SocketAddr, request: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(request.as_bytes()).unwrap();
@@ -59,13 +88,7 @@ fn value(body: &str, series: &str) -> f64 {
 
 #[test]
 fn a_hosts_io_shows_up_in_the_metrics() {
-    let info = Arc::new(TargetInfo::default());
-    let (reactors, handles) =
-        start_reactors(&[0], &info, nvmf_common::reactor::IdleMode::Adaptive).unwrap();
-    let mut target = Target::new(Arc::clone(&info));
-    for h in handles {
-        target.add_poll_group(h);
-    }
+    let (reactors, mut target) = one_reactor_target();
     let transport = LoopbackTransport::new(LOOPBACK_LIMITS);
     target.add_transport(Arc::new(transport.clone())).unwrap();
     let bdev: nvmf_target::bdev::BdevRef =
@@ -83,23 +106,7 @@ fn a_hosts_io_shows_up_in_the_metrics() {
     };
     target.add_namespace(NQN, ns).unwrap();
     target.add_listener(NQN, loopback_address()).unwrap();
-    let counters: Vec<ReactorCounters> = reactors
-        .iter()
-        .map(|r| ReactorCounters {
-            core: r.core,
-            stats: Arc::clone(&r.stats),
-        })
-        .collect();
-    let control = Arc::new(Mutex::new(Control::new(
-        target,
-        Box::new(|o: &TransportOptions| Err(TransportError::UnsupportedType(o.trtype.clone()))),
-    )));
-    let addr = metrics::serve(
-        metrics::parse_listen("127.0.0.1:0").unwrap(),
-        Arc::clone(&control),
-        counters,
-    )
-    .unwrap();
+    let addr = serve(target, &reactors);
     assert_eq!(
         metrics::parse_listen("9464").unwrap(),
         "127.0.0.1:9464".parse().unwrap(),
@@ -228,25 +235,8 @@ fn scraped_again(addr: SocketAddr) {
 /// queued behind them; once they time out (408), scrapes are answered again.
 #[test]
 fn slow_or_silent_clients_do_not_hold_up_the_scrapes() {
-    let info = Arc::new(TargetInfo::default());
-    let (reactors, handles) =
-        start_reactors(&[0], &info, nvmf_common::reactor::IdleMode::Adaptive).unwrap();
-    let mut target = Target::new(Arc::clone(&info));
-    for h in handles {
-        target.add_poll_group(h);
-    }
-    let counters: Vec<ReactorCounters> = reactors
-        .iter()
-        .map(|r| ReactorCounters {
-            core: r.core,
-            stats: Arc::clone(&r.stats),
-        })
-        .collect();
-    let control = Arc::new(Mutex::new(Control::new(
-        target,
-        Box::new(|o: &TransportOptions| Err(TransportError::UnsupportedType(o.trtype.clone()))),
-    )));
-    let addr = metrics::serve("127.0.0.1:0".parse().unwrap(), control, counters).unwrap();
+    let (reactors, target) = one_reactor_target();
+    let addr = serve(target, &reactors);
     let get = "GET /metrics HTTP/1.1\r\n\r\n";
 
     // A byte every 200 ms, never the end of the head.

@@ -24,7 +24,7 @@ use nvmf_common::spec::rdma_cm::{RdmaCmReject, RdmaCmRejectStatus, RdmaCmRequest
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::core::subsystem::ListenAddress;
-use crate::core::PollGroupHandle;
+use crate::core::{CoreCtx, PollGroupHandle};
 use crate::transport::options::TransportOptions;
 use crate::transport::{Transport, TransportError, TransportLimits, TransportPollGroup};
 
@@ -385,23 +385,27 @@ fn open_listener<V: Verbs>(
     // to give up. A wildcard address has no device yet; connects then build them.
     if let Ok(ctx) = id.context() {
         note_device(shared, &ctx);
-        for g in shared
-            .groups
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
-            let (ctx, tidx) = (Arc::clone(&ctx), g.transport_index);
-            g.handle.send(move |pg| {
-                pg.with_transport(usize::from(tidx), |t, _core| {
-                    if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() {
-                        rdma.prepare_device(ctx);
-                    }
-                });
-            });
-        }
+        tell_groups(shared, move |rdma, _| rdma.prepare_device(Arc::clone(&ctx)));
     }
     Ok(id)
+}
+
+/// Runs `f` on every reactor's RDMA poll group, by message.
+fn tell_groups<V: Verbs, F>(shared: &Shared<V>, f: F)
+where
+    F: Fn(&mut RdmaPollGroup<V>, &mut CoreCtx) + Clone + Send + 'static,
+{
+    let groups = shared.groups.lock().unwrap_or_else(|e| e.into_inner());
+    for g in groups.iter() {
+        let (f, tidx) = (f.clone(), g.transport_index);
+        g.handle.send(move |pg| {
+            pg.with_transport(usize::from(tidx), |t, core| {
+                if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() {
+                    f(rdma, core);
+                }
+            });
+        });
+    }
 }
 
 /// Drops `addr` from the lost listeners; whether it was one.
@@ -458,21 +462,7 @@ fn retire_device<V: Verbs>(shared: &Shared<V>, ctx: Arc<V::Context>) {
         }
     }
     tracing::warn!(device = %ctx.device_name(), "RDMA device removed: closing its connections and freeing its resources");
-    for g in shared
-        .groups
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-    {
-        let (ctx, tidx) = (Arc::clone(&ctx), g.transport_index);
-        g.handle.send(move |pg| {
-            pg.with_transport(usize::from(tidx), |t, core| {
-                if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() {
-                    rdma.device_removed(&ctx, core);
-                }
-            });
-        });
-    }
+    tell_groups(shared, move |rdma, core| rdma.device_removed(&ctx, core));
 }
 
 /// Devices reactors saw removed; every [`DEVICE_CHECK_INTERVAL`], the device list
@@ -583,17 +573,10 @@ fn forward_async_events<V: Verbs>(shared: &Shared<V>) -> usize {
             };
             n += 1;
             tracing::debug!(device = %ctx.device_name(), ?event, "RDMA asynchronous event");
-            let groups = shared.groups.lock().unwrap_or_else(|e| e.into_inner());
-            for g in groups.iter() {
-                let (ctx, tidx) = (Arc::clone(&ctx), g.transport_index);
-                g.handle.send(move |pg| {
-                    pg.with_transport(usize::from(tidx), |t, core| {
-                        if let Some(rdma) = t.as_any_mut().downcast_mut::<RdmaPollGroup<V>>() {
-                            rdma.on_async_event(&ctx, event, core);
-                        }
-                    });
-                });
-            }
+            let ctx = Arc::clone(&ctx);
+            tell_groups(shared, move |rdma, core| {
+                rdma.on_async_event(&ctx, event, core)
+            });
         }
     }
     n
