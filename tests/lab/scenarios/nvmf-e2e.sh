@@ -63,6 +63,22 @@ for dev in "$ns512" "$ns4k"; do
         --verify_backlog=64 >/dev/null || lab_fail "fio verify on $dev"
 done
 lab_log "fio crc32c verify passed on $ns512 and $ns4k (4k-128k)"
+
+# Compare through nvme-cli's passthrough: the namespace's first 4 KiB as read are equal; with
+# one byte changed they miscompare (Compare Failure, which nvme-cli reports and exits on).
+lab_t 30 dd if="$ns512" of="$LAB_STATE/first4k" bs=4096 count=1 iflag=direct status=none
+lab_t 30 nvme compare "$ns512" --start-block=0 --block-count=7 --data-size=4096 \
+    --data="$LAB_STATE/first4k" >&2 || lab_fail "nvme compare of the data just read failed"
+printf '\xff' | dd of="$LAB_STATE/first4k" bs=1 seek=1000 conv=notrunc status=none
+cmp -s "$LAB_STATE/first4k" <(dd if="$ns512" bs=4096 count=1 iflag=direct status=none) &&
+    lab_fail "the changed byte was 0xff already"
+if nvme compare "$ns512" --start-block=0 --block-count=7 --data-size=4096 \
+    --data="$LAB_STATE/first4k" >"$LAB_OUT/compare-changed.txt" 2>&1; then
+    lab_fail "nvme compare of changed data succeeded"
+fi
+grep -qi "compare" "$LAB_OUT/compare-changed.txt" ||
+    lab_fail "nvme compare of changed data failed without a Compare Failure: $(cat "$LAB_OUT/compare-changed.txt")"
+lab_log "nvme compare: equal data matches, one changed byte miscompares ($(tr '\n' ' ' <"$LAB_OUT/compare-changed.txt"))"
 lab_nvme_disconnect "$nqn"
 
 # 4. File system on the 4 KiB namespace survives disconnect and reconnect.
