@@ -1,10 +1,11 @@
 //! RDMA devices and their verbs contexts: listing, opening, and the `query_*` verbs.
 
+use std::collections::BTreeMap;
 use std::ffi::CStr;
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::error::{errno_from_ret, last_errno, RdmaError, Result};
 use super::sys;
@@ -162,6 +163,11 @@ enum ContextOwner {
 /// device, and `rdma_free_devices`, which gives back one for each context in the array it
 /// is passed and frees that array. So the list is split: each pin owns an array of its one
 /// context (allocated with `malloc`, as librdmacm's own), the list's array is freed alone.
+///
+/// librdmacm notices a removal only when it lists the devices, and it stops before it
+/// compares when none is left: the machine's last device would stay open until the process
+/// exits. So the last of our pins on a context that libibverbs no longer lists closes the
+/// context's descriptors itself first ([`sever`]).
 pub(crate) struct CmDevicePin {
     ctx: NonNull<sys::ibv_context>,
     /// `[ctx, NULL]`, from `malloc`.
@@ -177,6 +183,9 @@ unsafe impl Sync for CmDevicePin {}
 impl CmDevicePin {
     /// A pin on each device librdmacm knows now.
     fn all() -> Result<Vec<Self>> {
+        // Held until the pins are counted: a context whose last pin is being given back is
+        // not handed out again halfway.
+        let mut counts = PINS.lock().unwrap_or_else(|e| e.into_inner());
         let mut n: libc::c_int = 0;
         // SAFETY: `n` is a valid out-pointer.
         let list = unsafe { sys::rdma_get_devices(&mut n) };
@@ -212,7 +221,10 @@ impl CmDevicePin {
                 ctx
             };
             match NonNull::new(ctx) {
-                Some(ctx) => pins.push(Self { ctx, array }),
+                Some(ctx) => {
+                    *counts.entry(ctx.as_ptr() as usize).or_default() += 1;
+                    pins.push(Self { ctx, array })
+                }
                 // SAFETY: allocated above with malloc; a NULL entry holds no reference.
                 None => unsafe { libc::free(array.as_ptr().cast()) },
             }
@@ -226,11 +238,75 @@ impl CmDevicePin {
 
 impl Drop for CmDevicePin {
     fn drop(&mut self) {
+        let mut counts = PINS.lock().unwrap_or_else(|e| e.into_inner());
+        let key = self.ctx.as_ptr() as usize;
+        let last = match counts.get_mut(&key) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                counts.remove(&key);
+                true
+            }
+        };
+        // SAFETY: the context is open: this pin's reference keeps librdmacm from closing it.
+        let device = unsafe { self.ctx.as_ref() }.device;
+        if last && !is_listed(device) {
+            tracing::info!(device = %device_info(device).name, "RDMA device removed: closing librdmacm's context of it");
+            // SAFETY: the pin still holds librdmacm's reference, so the context and its
+            // descriptors are open; this process holds no other pin on it, and a removed
+            // device's context is handed out no more, so nothing of ours uses it.
+            unsafe { sever(self.ctx) };
+        }
         // SAFETY: `array` is a malloc'd, NULL-terminated array holding one context that
         // `rdma_get_devices` took a reference on; librdmacm gives it back and frees the
         // array, exactly once.
         unsafe { sys::rdma_free_devices(self.array.as_ptr()) };
     }
+}
+
+/// How many [`CmDevicePin`]s this process holds on each librdmacm context, by address.
+static PINS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+
+/// Whether libibverbs still lists `device` (a failed listing counts as listed). A removed
+/// device leaves the list as soon as its removal begins, though its struct lives on.
+fn is_listed(device: *mut sys::ibv_device) -> bool {
+    DeviceList::get().map_or(true, |list| list.iter().any(|d| d == device))
+}
+
+/// Closes what keeps a removed device's verbs context open in the kernel: its command and
+/// event descriptors. Each is replaced by a pipe's read end with no writer, so the numbers
+/// stay librdmacm's to close later (no other file can take them meanwhile), and a verb still
+/// sent on it fails (EBADF) instead of reaching anything. The kernel then destroys what
+/// the context held and lets the removal finish (rxe waits for it: it cannot take
+/// resources back from a process).
+///
+/// # Safety
+///
+/// `ctx` is an open context whose objects are all destroyed: a mapping of one (a queue)
+/// would still hold the device, and using one afterwards fails.
+unsafe fn sever(ctx: NonNull<sys::ibv_context>) {
+    let mut ends = [-1; 2];
+    // SAFETY: `ends` has room for the two descriptors.
+    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        tracing::warn!(err = %last_errno(), "pipe2 failed: the removed device's context stays open");
+        return;
+    }
+    let [read_end, write_end] = ends;
+    // SAFETY: our own descriptors, each closed once.
+    unsafe { libc::close(write_end) };
+    // SAFETY: the caller guarantees `ctx` is open; the fields are plain descriptors.
+    let (cmd_fd, async_fd) = unsafe { ((*ctx.as_ptr()).cmd_fd, (*ctx.as_ptr()).async_fd) };
+    for fd in [cmd_fd, async_fd] {
+        // SAFETY: `fd` is the context's own open descriptor: `dup3` closes it and puts the
+        // pipe's end in its place atomically.
+        if fd >= 0 && unsafe { libc::dup3(read_end, fd, libc::O_CLOEXEC) } < 0 {
+            tracing::warn!(fd, err = %last_errno(), "dup3 failed: the removed device's context stays open");
+        }
+    }
+    // SAFETY: our own descriptor; the copies made above stay open.
+    unsafe { libc::close(read_end) };
 }
 
 /// An open verbs context (`struct ibv_context`): the root every other verbs object hangs off.

@@ -18,7 +18,7 @@
 //! provider's post downcasts them to its own types.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::async_event::AsyncEvent;
@@ -76,8 +76,10 @@ pub trait Verbs: Clone + Send + Sync + 'static {
     /// lists the devices, and only then closes the removed device's context (at once if
     /// nothing uses it, else when its last user lets go): until it does, the kernel cannot
     /// finish the removal (with soft-RoCE, `rdma link delete` waits), even for a device this
-    /// process never used. (librdmacm stops before it looks when no device is left: the last
-    /// one's context stays open.)
+    /// process never used. librdmacm stops before it looks when no device is left, so the
+    /// real provider closes the last one's context itself once nothing of ours holds it,
+    /// and keeps every device's context from one listing to the next, so that one which
+    /// goes in between is seen going.
     fn sync_devices(&self) -> Option<Vec<Arc<Self::Context>>>;
 
     /// Where a caller with nothing to do waits: the system sleeps, a simulation runs its
@@ -266,7 +268,11 @@ impl Verbs for RealVerbs {
     }
 
     fn sync_devices(&self) -> Option<Vec<Arc<Context>>> {
-        match Context::cm_devices() {
+        /// The previous listing, let go only after the next: the last reference on a device
+        /// gone meanwhile is then given back while it is unlisted, which closes its context
+        /// (see `CmDevicePin`), though librdmacm, with no device left, would not.
+        static PREVIOUS: Mutex<Vec<Arc<Context>>> = Mutex::new(Vec::new());
+        let listed = match Context::cm_devices() {
             Ok(list) => Some(list),
             // librdmacm's answer when no device is left, and when libibverbs could not list
             // them: only an empty list from libibverbs itself says which.
@@ -279,7 +285,15 @@ impl Verbs for RealVerbs {
                 tracing::debug!("listing RDMA devices failed: {e}");
                 None
             }
+        };
+        if let Some(list) = &listed {
+            let previous = std::mem::replace(
+                &mut *PREVIOUS.lock().unwrap_or_else(|e| e.into_inner()),
+                list.clone(),
+            );
+            drop(previous);
         }
+        listed
     }
 
     #[inline]

@@ -18,6 +18,8 @@
 #     through the first device's removal without an error or a reconnect.
 #   - A device the target never used (another rxe link, added and deleted while the target
 #     runs) is let go within seconds too: librdmacm opens every device it lists.
+#   - Then every device goes, the last one too (librdmacm alone would keep that one open),
+#     comes back, and the target listens and serves again.
 source "$(dirname "${BASH_SOURCE[0]}")/../guest-lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/../nvmf-lib.sh"
 lab_init device-removal
@@ -146,5 +148,24 @@ lab_t 10 ip link del veth2
 
 lab_nvme_disconnect "$nqn"
 lab_nvme_disconnect "$nqn_b"
+
+# The machine's last RDMA device. librdmacm stops looking when none is left and would keep
+# the last one's context open until the target exits; the target closes it itself once it
+# holds nothing on it. Both go, rxe0 last, with the target listening on each.
+ms3=$(delete_link rxe1 30)
+ms4=$(delete_link rxe0 30)
+lab_log "rdma link delete rxe1 took $ms3 ms, then rxe0 (the last device) $ms4 ms"
+kill -0 "$NVMF_TGT_PID" || lab_fail "nvmf-tgt died when its last device went"
+lab_wait_until 10 "the target to see no device left" grep -q "no RDMA device is left" "$LAB_OUT/nvmf-tgt.log"
+back=$(grep -c "RDMA listener back" "$LAB_OUT/nvmf-tgt.log")
+lab_t 30 rdma link add rxe0 type rxe netdev veth0
+lab_t 30 rdma link add rxe1 type rxe netdev veth1
+lab_wait_until 60 "rxe0/rxe1 ACTIVE" lab__rxe_active rxe0 rxe1
+lab_wait_until 30 "both listeners back" sh -c "[ \$(grep -c 'RDMA listener back' '$LAB_OUT/nvmf-tgt.log') -ge $((back + 2)) ]"
+blk=$(lab_nvme_connect "$nqn" "$LAB_ADDR0" 4420)
+lab_t 60 dd if="$blk" of="$LAB_STATE/back2" bs=64k count=16 iflag=direct status=none
+cmp "$LAB_STATE/pattern" "$LAB_STATE/back2" || lab_fail "the pattern reads back different after the last device returned"
+lab_nvme_disconnect "$nqn"
+
 nvmf_tgt_stop
-lab_pass "rdma link delete under I/O took $ms ms (unused device: $ms2 ms); listener back, host reconnected, fio without errors, data intact; the other device's path untouched; QP numbers on both devices: [$both]"
+lab_pass "rdma link delete under I/O took $ms ms (unused device: $ms2 ms; the last device: $ms4 ms); listener back, host reconnected, fio without errors, data intact; the other device's path untouched; QP numbers on both devices: [$both]"

@@ -496,10 +496,9 @@ fn housekeeping<V: Verbs>(shared: &Shared<V>, state: &mut AcceptorState) {
             })
     };
     if let Some((gone, none_left)) = listed {
-        // librdmacm stops looking when no device is left, so it never closes the last one's
-        // context: said once, when it happens.
+        // Said once, when it happens: nothing can connect until a device returns.
         if none_left && state.devices_seen && !state.told_none_left {
-            tracing::warn!("no RDMA device is left: librdmacm keeps the last one's context open, so its removal (`rdma link delete` of soft-RoCE) waits until nvmf-tgt exits");
+            tracing::warn!("no RDMA device is left: listeners wait for one to return");
         }
         state.told_none_left = none_left;
         state.devices_seen |= !none_left;
