@@ -474,3 +474,50 @@ fn escape(v: &str) -> String {
         .replace('"', "\\\"")
         .replace('\n', "\\n")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::sync::atomic::AtomicBool;
+
+    /// A client that keeps reading, a little at a time, makes every write progress: only the
+    /// overall deadline ends an answer it would take minutes to read. A deadline per write
+    /// would let it hold the scrape's thread (and one of the few slots) for as long as it
+    /// likes.
+    #[test]
+    fn a_slow_reader_is_cut_off_by_the_overall_write_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let finished = Arc::new(AtomicBool::new(false));
+        let reader_finished = Arc::clone(&finished);
+        let reader = std::thread::spawn(move || {
+            let mut client = TcpStream::connect(addr).unwrap();
+            let mut buf = [0u8; 1024];
+            let mut read = 0usize;
+            // 100 KiB/s: the answer below would take over ten minutes.
+            while !reader_finished.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(10));
+                match client.read(&mut buf) {
+                    Ok(0) | Err(_) => return read,
+                    Ok(n) => read += n,
+                }
+            }
+            read
+        });
+        let (mut server, _) = listener.accept().unwrap();
+        let answer = vec![b'x'; 64 << 20];
+        let err = send_then_close(
+            &mut server,
+            &answer,
+            Duration::from_millis(300),
+            Duration::ZERO,
+        )
+        .expect_err("the whole answer cannot have been written");
+        assert_eq!(err.kind(), ErrorKind::TimedOut);
+        finished.store(true, Ordering::Release);
+        let read = reader.join().unwrap();
+        assert!(read > 0, "the reader read nothing: the test proves nothing");
+        assert!(read < answer.len());
+    }
+}
