@@ -18,7 +18,9 @@
 //! the controller fails for good. Outstanding I/O is kept and resubmitted after the reconnect
 //! (a command that timed out is retried too, at most [`MAX_RETRIES`] times, then fails with
 //! [`IoStatus::Timeout`]). Without [`Reconnect`] the first failure is final and outstanding
-//! I/O fails at once.
+//! I/O fails at once. A controller whose own RDMA device was removed fails at its first
+//! attempt: its PD and every buffer registered on it belong to that device, which comes back,
+//! if at all, as a new one, and the removal waits until they are freed.
 //!
 //! # Verbs provider
 //!

@@ -1034,3 +1034,54 @@ fn an_admin_command_that_times_out_resets_the_association() {
     }
     assert!(!h.ctrl.is_live());
 }
+
+/// The initiator's own RDMA device is removed and comes back, as a new device. The
+/// controller's PD and every registration on it stay on the old one, so no reconnect can
+/// succeed: the controller fails at its first attempt rather than hold the device (whose
+/// removal waits for it) until ctrl_loss_tmo, and once the application drops it nothing is
+/// left on the device.
+#[test]
+fn the_initiators_device_removed_fails_the_controller_and_lets_the_device_go() {
+    let rig = Rig::new(9, target_options());
+    let mut h = Host::connect(
+        &rig,
+        ControllerOptions {
+            reconnect: Some(Reconnect {
+                delay: Duration::from_millis(100),
+                ctrl_loss_tmo: Some(Duration::from_secs(60)),
+            }),
+            ..host_options()
+        },
+    );
+    h.write(0, &pattern(21, 4 * KIB));
+    rig.fabric.remove_device(host_ip(1));
+    rig.fabric.restore_device(host_ip(1));
+    let deadline = h.verbs.now() + Duration::from_secs(2);
+    let err = loop {
+        match h.ctrl.poll_admin() {
+            Ok(ev) => h.events.extend(ev),
+            Err(e) => break e,
+        }
+        h.qp.poll(&mut h.done);
+        assert!(
+            h.verbs.now() < deadline,
+            "the controller still tries to reconnect 2 s after its device went: {:?}",
+            h.events
+        );
+        h.verbs.sleep(TICK);
+    };
+    assert!(err.to_string().contains("was removed"), "{err}");
+    assert!(
+        matches!(h.events.first(), Some(ControllerEvent::Disconnected { .. })),
+        "{:?}",
+        h.events
+    );
+    assert!(rig.fabric.device_objects(host_ip(1)).total() > 0);
+    drop(h);
+    let left = rig.fabric.device_objects(host_ip(1));
+    assert_eq!(
+        left.total(),
+        0,
+        "still held on the removed device: {left:?}"
+    );
+}

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nvmf_common::rdma::Verbs;
+use nvmf_common::rdma::{Verbs, VerbsContext, VerbsPd};
 
 use crate::error::Error;
 
@@ -86,6 +86,14 @@ impl<V: Verbs> Controller<V> {
             return;
         }
         let s = Arc::clone(&self.shared);
+        if let Some(name) = device_gone(&s.verbs, &s.pd) {
+            self.fail(format!(
+                "its RDMA device {name} was removed: the buffers registered on it cannot move \
+                 to another, so the controller is given up at once (its resources go with it, \
+                 which the device's removal waits for)"
+            ));
+            return;
+        }
         match bring_up(&s.verbs, s.peer, &s.tid, &s.host, &s.opts, Some(&s.pd)) {
             Ok((admin, _, info)) => {
                 self.admin = Some(admin);
@@ -142,4 +150,12 @@ impl<V: Verbs> Controller<V> {
             }
         }
     }
+}
+
+/// The name of `pd`'s device if the provider lists it no more (a device that comes back is
+/// a new one: the PD, and every registration on it, stay dead).
+fn device_gone<V: Verbs>(verbs: &V, pd: &Arc<V::Pd>) -> Option<String> {
+    let live = verbs.sync_devices()?;
+    let ctx = pd.context();
+    (!live.iter().any(|d| d.same_device(ctx))).then(|| ctx.device_name())
 }
