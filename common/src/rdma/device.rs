@@ -252,7 +252,7 @@ impl Drop for CmDevicePin {
         };
         // SAFETY: the context is open: this pin's reference keeps librdmacm from closing it.
         let device = unsafe { self.ctx.as_ref() }.device;
-        if last && !is_listed(device) {
+        if last && !is_listed(device) && !has_uverbs_node(device) {
             tracing::info!(device = %device_info(device).name, "RDMA device removed: closing librdmacm's context of it");
             // SAFETY: the pin still holds librdmacm's reference, so the context and its
             // descriptors are open; this process holds no other pin on it, and a removed
@@ -273,6 +273,16 @@ static PINS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
 /// device leaves the list as soon as its removal begins, though its struct lives on.
 fn is_listed(device: *mut sys::ibv_device) -> bool {
     DeviceList::get().map_or(true, |list| list.iter().any(|d| d == device))
+}
+
+/// Whether the device's verbs node (`/sys/class/infiniband_verbs/uverbsN`) is still there:
+/// the kernel takes it away first when the device goes, before it waits for its users. A
+/// second witness beside the listing, so a device a listing merely missed is never cut off.
+fn has_uverbs_node(device: *mut sys::ibv_device) -> bool {
+    // SAFETY: `device` is a live device struct (an open context references it); `dev_path` is
+    // a NUL-terminated array inside it.
+    let path = unsafe { CStr::from_ptr((*device).dev_path.as_ptr()) };
+    !path.is_empty() && std::path::Path::new(&*path.to_string_lossy()).exists()
 }
 
 /// Closes what keeps a removed device's verbs context open in the kernel: its command and

@@ -25,6 +25,7 @@ mod file;
 pub mod malloc;
 pub mod null;
 pub mod registry;
+pub mod split;
 mod unavailable;
 pub mod uring;
 pub mod util;
@@ -38,6 +39,7 @@ pub use error_inject::ErrorBdev;
 pub use malloc::MallocBdev;
 pub use null::NullBdev;
 pub use registry::BdevRegistry;
+pub use split::SplitBdev;
 pub use unavailable::UnavailableChannel;
 pub use uring::UringBdev;
 

@@ -71,6 +71,51 @@ impl BdevRegistry {
         Ok(())
     }
 
+    /// Adds bdevs stacked together on the same bases (a split's parts): all or none, the
+    /// bases claimed by the first for them all until the last is deleted.
+    pub fn register_stack(&mut self, bdevs: Vec<BdevRef>) -> Result<(), BdevError> {
+        let Some(first) = bdevs.first() else {
+            return Ok(());
+        };
+        let bases = first.base_bdevs();
+        for (i, bdev) in bdevs.iter().enumerate() {
+            let name = bdev.name();
+            if self.bdevs.contains_key(name) || bdevs[..i].iter().any(|b| b.name() == name) {
+                return Err(BdevError::Exists(name.to_string()));
+            }
+            if bdev.base_bdevs() != bases {
+                return Err(BdevError::InvalidParams(format!(
+                    "{name} is not stacked on the same bdevs as {}",
+                    first.name()
+                )));
+            }
+        }
+        for base in &bases {
+            if !self.bdevs.contains_key(base) {
+                return Err(BdevError::NotFound(base.clone()));
+            }
+            if let Some(user) = self.claimed_by(base) {
+                return Err(BdevError::Claimed {
+                    name: base.clone(),
+                    user: user.to_string(),
+                });
+            }
+        }
+        for base in bases {
+            let claim = Claim {
+                user: first.name().to_string(),
+                held_by: None,
+            };
+            self.claims.insert(base, claim);
+        }
+        for bdev in bdevs {
+            let name = bdev.name().to_string();
+            self.order.push(name.clone());
+            self.bdevs.insert(name, bdev);
+        }
+        Ok(())
+    }
+
     pub fn get(&self, name: &str) -> Option<&BdevRef> {
         self.bdevs.get(name)
     }
@@ -126,8 +171,11 @@ impl BdevRegistry {
         }
         self.claims.remove(name);
         let bdev = self.bdevs.remove(name).expect("checked above");
+        // A base stays claimed while another bdev of the same stack is still on it.
         for base in bdev.base_bdevs() {
-            self.claims.remove(&base);
+            if !self.bdevs.values().any(|b| b.base_bdevs().contains(&base)) {
+                self.claims.remove(&base);
+            }
         }
         self.order.retain(|n| n != name);
         bdev.on_delete();

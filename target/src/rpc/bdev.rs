@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{einval, parse, Control};
-use crate::bdev::{aio, delay, error_inject, malloc, null, uring, util, BdevRef, IoKind};
+use crate::bdev::{aio, delay, error_inject, malloc, null, split, uring, util, BdevRef, IoKind};
 
 macro_rules! wire {
     ($name:ident, $module:ident :: $handler:ident) => {
@@ -40,6 +40,8 @@ wire!(
     bdev_delay_update_latency,
     delay::rpc_bdev_delay_update_latency
 );
+wire!(bdev_split_create, split::rpc_bdev_split_create);
+wire!(bdev_split_delete, split::rpc_bdev_split_delete);
 wire!(bdev_error_create, error_inject::rpc_bdev_error_create);
 wire!(bdev_error_delete, error_inject::rpc_bdev_error_delete);
 wire!(
@@ -211,7 +213,11 @@ pub fn config(c: &Control) -> Vec<Value> {
                 .iter()
                 .all(|base| emitted.contains(base) || c.target.bdevs.get(base).is_none())
             {
-                out.push(b.config_entry());
+                // A split's parts share one entry, which the first carries.
+                let entry = b.config_entry();
+                if !entry.is_null() {
+                    out.push(entry);
+                }
                 emitted.insert(b.name().to_string());
             }
         }

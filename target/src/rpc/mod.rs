@@ -259,6 +259,8 @@ pub static METHODS: &[Method] = &[
         RuntimeOnly,
         bdev::bdev_delay_update_latency,
     ),
+    m("bdev_split_create", RuntimeOnly, bdev::bdev_split_create),
+    m("bdev_split_delete", RuntimeOnly, bdev::bdev_split_delete),
     m("bdev_error_create", RuntimeOnly, bdev::bdev_error_create),
     m("bdev_error_delete", RuntimeOnly, bdev::bdev_error_delete),
     m(

@@ -1868,3 +1868,92 @@ fn method_table_is_consistent() {
     assert_eq!(sorted.len(), names.len(), "duplicate method names");
     let _ = LOOPBACK_LIMITS;
 }
+
+/// A split's parts through the method table: each exported as a namespace of its own, the
+/// delete refused while one is, and one saved entry bringing them back with their namespaces'
+/// identities.
+#[test]
+fn split_parts_export_separately_and_survive_a_restart() {
+    let mut c = control();
+    ok(
+        &mut c,
+        "bdev_malloc_create",
+        json!({"name": "Malloc0", "num_blocks": 4096, "block_size": 512}),
+    );
+    assert_eq!(
+        ok(
+            &mut c,
+            "bdev_split_create",
+            json!({"base_bdev": "Malloc0", "split_count": 2, "split_size_mb": 1})
+        ),
+        json!(["Malloc0p0", "Malloc0p1"])
+    );
+    refused(
+        &mut c,
+        "bdev_split_create",
+        json!({"base_bdev": "Malloc0", "split_count": 2}),
+        EEXIST,
+        "Malloc0",
+    );
+    let parts = ok(&mut c, "bdev_get_bdevs", json!({"name": "Malloc0p1"}));
+    assert_eq!(parts[0]["num_blocks"], 2048);
+    assert_eq!(
+        parts[0]["driver_specific"]["split"],
+        json!({"base_bdev": "Malloc0", "offset_blocks": 2048})
+    );
+    ok(&mut c, "nvmf_create_subsystem", json!({"nqn": NQN1}));
+    ok(&mut c, "nvmf_create_subsystem", json!({"nqn": NQN2}));
+    for (nqn, part) in [(NQN1, "Malloc0p0"), (NQN2, "Malloc0p1")] {
+        ok(
+            &mut c,
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": nqn, "namespace": {"bdev_name": part}}),
+        );
+    }
+    refused(
+        &mut c,
+        "bdev_split_delete",
+        json!({"base_bdev": "Malloc0"}),
+        EBUSY,
+        "Malloc0p0",
+    );
+    refused(
+        &mut c,
+        "bdev_malloc_delete",
+        json!({"name": "Malloc0"}),
+        EBUSY,
+        "Malloc0",
+    );
+
+    let config = saved_config(&mut c);
+    let bdev = config["subsystems"][0]["config"].as_array().unwrap();
+    let splits: Vec<&Value> = bdev
+        .iter()
+        .filter(|e| e["method"] == "bdev_split_create")
+        .collect();
+    assert_eq!(splits.len(), 1, "{bdev:?}");
+    let mut fresh = control();
+    load_config(&mut fresh, &config).unwrap();
+    assert_eq!(snapshot(&mut fresh), snapshot(&mut c));
+    assert_eq!(saved_config(&mut fresh), config);
+
+    ok(
+        &mut c,
+        "nvmf_subsystem_remove_ns",
+        json!({"nqn": NQN1, "nsid": 1}),
+    );
+    ok(
+        &mut c,
+        "nvmf_subsystem_remove_ns",
+        json!({"nqn": NQN2, "nsid": 1}),
+    );
+    ok(&mut c, "bdev_split_delete", json!({"base_bdev": "Malloc0"}));
+    refused(
+        &mut c,
+        "bdev_split_delete",
+        json!({"base_bdev": "Malloc0"}),
+        ENOENT,
+        "Malloc0",
+    );
+    ok(&mut c, "bdev_malloc_delete", json!({"name": "Malloc0"}));
+}

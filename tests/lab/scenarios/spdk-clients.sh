@@ -79,13 +79,14 @@ for release in $releases; do
         "bdev_malloc_create -b Malloc1 16 512" \
         "bdev_null_create Null0 64 4096" \
         "bdev_aio_create $aio_file Aio0 4096" \
+        "bdev_split_create Aio0 2" \
         "nvmf_create_transport -t RDMA" \
         "nvmf_create_subsystem $nqn -a -s SPDK$(printf '%016d' "$tag") -d 'spdk-rpc $release' -m 8" \
         "nvmf_create_subsystem $nqn2 -s SPDK00000000000002" \
         "nvmf_subsystem_add_listener $nqn -t rdma -f ipv4 -a $LAB_ADDR0 -s $port" \
         "nvmf_subsystem_add_listener $nqn2 -t rdma -f ipv4 -a $LAB_ADDR0 -s $port" \
         "nvmf_subsystem_add_ns $nqn Malloc0" \
-        "nvmf_subsystem_add_ns -n 7 $nqn2 Aio0" \
+        "nvmf_subsystem_add_ns -n 7 $nqn2 Aio0p1" \
         "nvmf_subsystem_add_host $nqn2 $hostnqn" \
         "bdev_malloc_create -b Malloc2 8 4096" \
         "bdev_null_create Null1 8 4096" \
@@ -110,6 +111,13 @@ for release in $releases; do
     lab_t 30 head -c $MiB /dev/urandom >"$LAB_STATE/aio-$tag.bin"
     lab_t 60 dd if="$LAB_STATE/aio-$tag.bin" of="$aio_dev" bs=64k oflag=direct status=none ||
         lab_fail "$release: write to the file namespace"
+    # The namespace is the file's second half (Aio0p1, a split part): the data sits 16 MiB
+    # in, and the first half (Aio0p0) is untouched.
+    lab_t 30 dd if="$aio_file" of="$LAB_STATE/in-file-$tag.bin" bs=1M skip=16 count=1 status=none
+    cmp -s "$LAB_STATE/aio-$tag.bin" "$LAB_STATE/in-file-$tag.bin" ||
+        lab_fail "$release: the split part's data is not at its offset in the file"
+    cmp -s -n $((16 * MiB)) "$aio_file" /dev/zero ||
+        lab_fail "$release: writing the second split part changed the first"
 
     # Namespaces added and removed live; releases with rpc.py's batch mode (26.x: one JSON-RPC
     # batch request for the whole script) send the two additions as one batch.
@@ -123,7 +131,7 @@ for release in $releases; do
     lab_log "$release: namespaces added and removed live: the host sees $(nvme_nsids "$nqn")"
 
     # Every getter through SPDK's Python client, then spdk-cli's tree.
-    lab_t 180 "$venv/bin/python" "$checker" "$NVMF_RPC_SOCK" "$nqn2" "$hostnqn" Aio0 ||
+    lab_t 180 "$venv/bin/python" "$checker" "$NVMF_RPC_SOCK" "$nqn2" "$hostnqn" Aio0p1 ||
         lab_fail "$release: a *_get_* answer lacks SPDK's layout (above)"
     ls_out=$LAB_OUT/spdk-cli-ls-$tag.txt
     # spdk-cli (configshell) keeps its history and log under $HOME/.scripts: the guest's /root
@@ -131,7 +139,7 @@ for release in $releases; do
     mkdir -p "$LAB_STATE/home"
     HOME=$LAB_STATE/home lab_t 180 "$venv/bin/spdk-cli" -s "$NVMF_RPC_SOCK" ls >"$ls_out" 2>&1 ||
         { cat "$ls_out" >&2; lab_fail "$release: spdk-cli ls"; }
-    for want in "$nqn" "$nqn2" Malloc0 Malloc1 Null0 Aio0; do
+    for want in "$nqn" "$nqn2" Malloc0 Malloc1 Null0 Aio0 Aio0p1; do
         grep -qF "$want" "$ls_out" || { cat "$ls_out" >&2; lab_fail "$release: spdk-cli ls does not show $want"; }
     done
     lab_log "$release: getters in SPDK's layout; spdk-cli ls shows both subsystems and four bdevs"
