@@ -3,6 +3,7 @@
 //! group as a message, so reactors never share a lock with the control plane.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use nvmf_common::spec::log_page::AnaState;
@@ -339,6 +340,7 @@ impl Target {
         let given = |id: Option<[u8; 16]>| id.filter(|id| *id != [0; 16]);
         let uuid = given(opts.uuid).unwrap_or_else(|| bdev.uuid());
         let resv = NsReservation::new(bdev.uuid(), opts.ptpl_file)?;
+        let bdev_blocks = bdev.num_blocks();
         let ns = Arc::new(Namespace {
             nsid,
             nguid: given(opts.nguid).unwrap_or(uuid),
@@ -349,12 +351,43 @@ impl Target {
             stats: NsStats::default(),
             resv,
             claim,
+            announced_blocks: AtomicU64::new(bdev_blocks),
         });
         let sub = self.subsystem_mut(nqn)?;
         sub.namespaces.insert(nsid, ns);
         sub.ana.ns_groups.insert(nsid, anagrpid);
         self.publish(nqn);
         Ok(nsid)
+    }
+
+    /// Sends a Namespace Attribute Changed notice to the hosts of every namespace whose size
+    /// moved since they were last told (its bdev resized or rescanned, or one it is stacked
+    /// on), as SPDK does on a bdev's resize event: Linux then reads the namespace again and
+    /// takes the new capacity. Returns how many namespaces changed.
+    pub fn announce_resized_namespaces(&self) -> usize {
+        let mut changed = 0;
+        for sub in self.subsystems.values() {
+            let nsids: Vec<u32> = sub
+                .namespaces
+                .values()
+                .filter(|ns| {
+                    let now = ns.num_blocks();
+                    ns.announced_blocks.swap(now, Ordering::Relaxed) != now
+                })
+                .map(|ns| ns.nsid)
+                .collect();
+            if nsids.is_empty() {
+                continue;
+            }
+            changed += nsids.len();
+            tracing::info!(nqn = %sub.nqn, ?nsids, "namespace size changed: telling its hosts");
+            let nsids: Arc<[u32]> = nsids.into();
+            for pg in &self.poll_groups {
+                let (id, nsids) = (sub.id, Arc::clone(&nsids));
+                pg.send(move |pg| pg.core.namespaces_resized(id, &nsids));
+            }
+        }
+        changed
     }
 
     pub fn remove_namespace(&mut self, nqn: &str, nsid: u32) -> Result<(), TargetError> {

@@ -13,8 +13,12 @@ use nvmf_common::spec::command::Command;
 use nvmf_common::spec::fabrics::{
     ConnectCommand, ConnectData, PropertyGetCommand, PropertySetCommand, CNTLID_DYNAMIC,
 };
-use nvmf_common::spec::features::{FeatureId, NumberOfQueues};
+use nvmf_common::spec::features::{
+    parse_async_event_dw0, AsyncEventType, AsyncNotice, FeatureId, NumberOfQueues,
+    AEC_NAMESPACE_ATTRIBUTE,
+};
 use nvmf_common::spec::identify::{Cns, IdentifyController};
+use nvmf_common::spec::log_page::LogPageId;
 use nvmf_common::spec::registers::{Cc, Csts, Property};
 use nvmf_common::spec::sgl::SglDescriptor;
 use nvmf_common::spec::{Completion, Status};
@@ -411,4 +415,63 @@ fn bring_up(
         }
     }
     ctrl
+}
+
+/// Asks for Namespace Attribute Changed notices (Set Features, Asynchronous Event
+/// Configuration).
+pub fn enable_namespace_notices(lab: &mut LoopbackLab, ctrl: &mut HostController) {
+    let cid = ctrl.cid();
+    expect_ok(&ctrl.admin(
+        lab,
+        no_data(Command::set_features(
+            cid,
+            FeatureId::ASYNC_EVENT_CONFIGURATION,
+            AEC_NAMESPACE_ATTRIBUTE,
+            false,
+        )),
+    ));
+}
+
+/// Leaves an Asynchronous Event Request outstanding; returns its CID.
+pub fn submit_aer(ctrl: &mut HostController) -> u16 {
+    let cid = ctrl.cid();
+    ctrl.admin
+        .submit(no_data(Command::async_event_request(cid)));
+    cid
+}
+
+/// The outstanding AER `aer` completes with a Namespace Attribute Changed notice, and the
+/// Changed Namespace List then holds exactly `nsids`.
+pub fn expect_namespace_notice(
+    lab: &mut LoopbackLab,
+    ctrl: &mut HostController,
+    aer: u16,
+    nsids: &[u32],
+) {
+    let r = lab
+        .try_wait(&ctrl.admin, 200)
+        .expect("a Namespace Attribute Changed notice");
+    assert_eq!(r.cqe.cid.get(), aer);
+    assert_eq!(
+        parse_async_event_dw0(expect_ok(&r).dw0.get()),
+        (
+            AsyncEventType::NOTICE,
+            AsyncNotice::NAMESPACE_ATTRIBUTE_CHANGED.0,
+            LogPageId::CHANGED_NAMESPACE_LIST
+        )
+    );
+    let cid = ctrl.cid();
+    let r = ctrl.admin(
+        lab,
+        reading(
+            Command::get_log_page(cid, 0, LogPageId::CHANGED_NAMESPACE_LIST, 4096, 0),
+            4096,
+        ),
+    );
+    expect_ok(&r);
+    let mut want = vec![0u8; 4096];
+    for (slot, nsid) in want.chunks_exact_mut(4).zip(nsids) {
+        slot.copy_from_slice(&nsid.to_le_bytes());
+    }
+    assert_eq!(r.host_buffer, want, "changed namespace list");
 }

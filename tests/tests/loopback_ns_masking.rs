@@ -10,7 +10,6 @@
 use nvmf_common::spec::command::{Command, DsmRange};
 use nvmf_common::spec::features::{
     parse_async_event_dw0, AsyncEventType, AsyncNotice, FeatureId, AEC_DISCOVERY_LOG_CHANGE,
-    AEC_NAMESPACE_ATTRIBUTE,
 };
 use nvmf_common::spec::identify::{nul_str, Cns, IdentifyNamespace};
 use nvmf_common::spec::log_page::{
@@ -98,55 +97,6 @@ fn assert_invalid_namespace(r: &Response, what: &str) {
         Status::INVALID_NAMESPACE.with_dnr(),
         "{what}: a masked namespace must be refused as an inactive NSID"
     );
-}
-
-fn enable_ns_aen(lab: &mut LoopbackLab, ctrl: &mut HostController) {
-    let cid = ctrl.cid();
-    expect_ok(&ctrl.admin(
-        lab,
-        no_data(Command::set_features(
-            cid,
-            FeatureId::ASYNC_EVENT_CONFIGURATION,
-            AEC_NAMESPACE_ATTRIBUTE,
-            false,
-        )),
-    ));
-}
-
-fn submit_aer(ctrl: &mut HostController) -> u16 {
-    let cid = ctrl.cid();
-    ctrl.admin
-        .submit(no_data(Command::async_event_request(cid)));
-    cid
-}
-
-fn expect_ns_notice(lab: &mut LoopbackLab, ctrl: &mut HostController, aer: u16, nsids: &[u32]) {
-    let r = lab
-        .try_wait(&ctrl.admin, 200)
-        .expect("a Namespace Attribute Changed notice");
-    assert_eq!(r.cqe.cid.get(), aer);
-    assert_eq!(
-        parse_async_event_dw0(expect_ok(&r).dw0.get()),
-        (
-            AsyncEventType::NOTICE,
-            AsyncNotice::NAMESPACE_ATTRIBUTE_CHANGED.0,
-            LogPageId::CHANGED_NAMESPACE_LIST
-        )
-    );
-    let cid = ctrl.cid();
-    let r = ctrl.admin(
-        lab,
-        reading(
-            Command::get_log_page(cid, 0, LogPageId::CHANGED_NAMESPACE_LIST, 4096, 0),
-            4096,
-        ),
-    );
-    expect_ok(&r);
-    let mut want = vec![0u8; 4096];
-    for (slot, nsid) in want.chunks_exact_mut(4).zip(nsids) {
-        slot.copy_from_slice(&nsid.to_le_bytes());
-    }
-    assert_eq!(r.host_buffer, want, "changed namespace list");
 }
 
 /// Host A writes the secret; host B never sees, reads or changes it.
@@ -268,8 +218,8 @@ fn visibility_changes_reach_live_controllers_with_a_notice() {
         0,
         with_buffer(Command::write(cid, 1, 0, 8), vec![SECRET; 8 * BLOCK]),
     ));
-    enable_ns_aen(&mut lab, &mut a);
-    enable_ns_aen(&mut lab, &mut b);
+    enable_namespace_notices(&mut lab, &mut a);
+    enable_namespace_notices(&mut lab, &mut b);
     let a_aer = submit_aer(&mut a);
     let b_aer = submit_aer(&mut b);
     assert!(lab.try_wait(&a.admin, 50).is_none());
@@ -277,7 +227,7 @@ fn visibility_changes_reach_live_controllers_with_a_notice() {
 
     // Show namespace 1 to B: B hears of it, A (whose view is unchanged) does not.
     lab.target.ns_add_host(NQN, 1, HOST_B).unwrap();
-    expect_ns_notice(&mut lab, &mut b, b_aer, &[1]);
+    expect_namespace_notice(&mut lab, &mut b, b_aer, &[1]);
     assert!(
         lab.try_wait(&a.admin, 50).is_none(),
         "A's view did not change: no notice"
@@ -290,7 +240,7 @@ fn visibility_changes_reach_live_controllers_with_a_notice() {
     // Hide it again: refused at once, with a notice.
     let b_aer = submit_aer(&mut b);
     lab.target.ns_remove_host(NQN, 1, HOST_B).unwrap();
-    expect_ns_notice(&mut lab, &mut b, b_aer, &[1]);
+    expect_namespace_notice(&mut lab, &mut b, b_aer, &[1]);
     assert!(lab.try_wait(&a.admin, 50).is_none());
     assert_eq!(active_list(&mut lab, &mut b), [2]);
     let r = read(&mut lab, &mut b, 1);
@@ -315,13 +265,13 @@ fn visibility_changes_reach_live_controllers_with_a_notice() {
         "B does not see NSID 3"
     );
     lab.target.ns_add_host(NQN, 3, HOST_A).unwrap();
-    expect_ns_notice(&mut lab, &mut a, a_aer, &[3]);
+    expect_namespace_notice(&mut lab, &mut a, a_aer, &[3]);
     assert!(lab.try_wait(&b.admin, 50).is_none());
     assert_eq!(active_list(&mut lab, &mut a), [1, 2, 3]);
     // Removing a namespace B cannot see tells B nothing.
     let a_aer = submit_aer(&mut a);
     lab.target.remove_namespace(NQN, 3).unwrap();
-    expect_ns_notice(&mut lab, &mut a, a_aer, &[3]);
+    expect_namespace_notice(&mut lab, &mut a, a_aer, &[3]);
     assert!(lab.try_wait(&b.admin, 50).is_none());
     let _ = b_aer;
 }

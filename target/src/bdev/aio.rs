@@ -405,7 +405,7 @@ impl BdevChannel for AioChannel {
         }
         let file = &self.shared.file;
         let bs = u64::from(file.block_size);
-        let mut result = check_range(file.num_blocks, &io, file.block_size);
+        let mut result = check_range(file.num_blocks(), &io, file.block_size);
         if result.is_ok() && file.readonly && io.kind != IoKind::Read && io.kind != IoKind::Flush {
             result = Err(libc::EROFS);
         }
@@ -582,7 +582,7 @@ impl Bdev for AioBdev {
         self.shared.file.block_size
     }
     fn num_blocks(&self) -> u64 {
-        self.shared.file.num_blocks
+        self.shared.file.num_blocks()
     }
     fn uuid(&self) -> [u8; 16] {
         self.uuid
@@ -680,6 +680,34 @@ pub fn rpc_bdev_aio_delete(
     delete_typed::<AioBdev>(bdevs, &params.name)
 }
 
+/// `bdev_aio_rescan`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AioRescanParams {
+    pub name: String,
+}
+
+/// Takes the file's or device's size now (grown, or shrunk while nothing uses the bdev: see
+/// [`util::resize`]). The caller tells the hosts of its namespaces.
+pub fn rpc_bdev_aio_rescan(
+    bdevs: &mut BdevRegistry,
+    params: AioRescanParams,
+) -> Result<serde_json::Value, RpcError> {
+    let bdev = bdevs
+        .get(&params.name)
+        .ok_or_else(|| BdevError::NotFound(params.name.clone()))?;
+    let this = bdev
+        .as_any()
+        .downcast_ref::<AioBdev>()
+        .ok_or_else(|| BdevError::NotFound(params.name.clone()))?;
+    let file = &this.shared.file;
+    let new = file.current_blocks()?;
+    util::resize(bdevs, &params.name, file.num_blocks(), new, |b| {
+        file.set_num_blocks(b)
+    })?;
+    Ok(serde_json::Value::Bool(true))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::file::TempFile;
@@ -703,6 +731,45 @@ mod tests {
         let on_disk = std::fs::read(f.path()).unwrap();
         let via_bdev = testutil::read(ch.as_mut(), &pool, 4096, 5, 1);
         assert_eq!(&on_disk[5 * 4096..6 * 4096], &via_bdev[..]);
+    }
+
+    /// A rescan takes the file's new size: the grown blocks serve I/O on channels already
+    /// open; a shrunk file is taken only while nothing uses the bdev.
+    #[test]
+    fn rescan_follows_the_file() {
+        let f = TempFile::new("aio-rescan", 16 * 4096);
+        let mut reg = BdevRegistry::new();
+        let bdev = AioBdev::new("a", f.path(), Some(4096), false, None).unwrap();
+        reg.register(Arc::new(bdev)).unwrap();
+        let bdev = Arc::clone(reg.get("a").unwrap());
+        let pool = testutil::pool(4096, 4);
+        let mut ch = bdev.open_channel().unwrap();
+        let rescan = |reg: &mut BdevRegistry| {
+            rpc_bdev_aio_rescan(reg, parse_params(json!({"name": "a"})).unwrap())
+        };
+        let file = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(f.path())
+                .unwrap()
+        };
+        file().set_len(32 * 4096).unwrap();
+        assert_eq!(bdev.num_blocks(), 16);
+        rescan(&mut reg).unwrap();
+        assert_eq!(bdev.num_blocks(), 32);
+        testutil::write(ch.as_mut(), &pool, 4096, 28, 4, 3);
+        testutil::expect_pattern(ch.as_mut(), &pool, 4096, 28, 4, 3);
+
+        let (_, hold) = reg.claim("a", "nqn.a nsid 1").unwrap();
+        file().set_len(8 * 4096).unwrap();
+        let e = rescan(&mut reg).unwrap_err();
+        assert_eq!(e.code, -libc::EBUSY, "{e:?}");
+        assert_eq!(bdev.num_blocks(), 32);
+        drop(hold);
+        rescan(&mut reg).unwrap();
+        assert_eq!(bdev.num_blocks(), 8);
+        let c = testutil::run(ch.as_mut(), io(9, IoKind::WriteZeroes, 8, 1, None));
+        assert_eq!(c.result, Err(libc::EINVAL));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::{Mmap, MmapOptions};
 
@@ -32,7 +33,9 @@ pub struct BackingFile {
     pub is_block_device: bool,
     pub readonly: bool,
     pub block_size: u32,
-    pub num_blocks: u64,
+    /// Blocks, as last sized (opened, or `rescan`): read on the I/O path, written only by
+    /// the control plane.
+    blocks: AtomicU64,
     /// A volatile cache (page cache or device cache) holds written data until a flush.
     pub write_cache: bool,
 }
@@ -134,9 +137,35 @@ impl BackingFile {
             is_block_device,
             readonly,
             block_size,
-            num_blocks,
+            blocks: AtomicU64::new(num_blocks),
             write_cache,
         })
+    }
+
+    pub fn num_blocks(&self) -> u64 {
+        self.blocks.load(Ordering::Relaxed)
+    }
+
+    /// The file's or device's size now, in blocks (a file grown or shrunk, a device
+    /// resized), without taking it: see [`Self::set_num_blocks`].
+    pub fn current_blocks(&self) -> Result<u64, BdevError> {
+        let io_err = |what: &str, source| BdevError::Io {
+            what: format!("{what} {}", self.path),
+            source,
+        };
+        let bytes = if self.is_block_device {
+            blk_size64(&self.file).map_err(|e| io_err("BLKGETSIZE64 on", e))?
+        } else {
+            self.file
+                .metadata()
+                .map_err(|e| io_err("stat of", e))?
+                .len()
+        };
+        Ok(bytes / u64::from(self.block_size))
+    }
+
+    pub fn set_num_blocks(&self, blocks: u64) {
+        self.blocks.store(blocks, Ordering::Relaxed);
     }
 
     pub fn fd(&self) -> i32 {
@@ -330,7 +359,7 @@ mod tests {
         let f = TempFile::new("geom", 1 << 20);
         let b = BackingFile::open(f.path(), Some(4096), false).unwrap();
         assert_eq!(b.block_size, 4096);
-        assert_eq!(b.num_blocks, 256);
+        assert_eq!(b.num_blocks(), 256);
         assert!(b.write_cache);
         let direct_ok = OpenOptions::new()
             .read(true)

@@ -1,6 +1,7 @@
 //! Null bdev ("Null disk"): writes are discarded, reads return zeroes. For benchmarking the
 //! target without a device in the way.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use nvmf_rpc::RpcError;
@@ -17,7 +18,8 @@ pub struct NullBdev {
     name: String,
     uuid: [u8; 16],
     block_size: u32,
-    num_blocks: u64,
+    /// Shared with every channel: `bdev_null_resize` changes it for all.
+    num_blocks: Arc<AtomicU64>,
     physical_block_size: u32,
 }
 
@@ -43,7 +45,7 @@ impl NullBdev {
             name: name.into(),
             uuid: uuid.unwrap_or_else(util::random_uuid),
             block_size,
-            num_blocks,
+            num_blocks: Arc::new(AtomicU64::new(num_blocks)),
             physical_block_size: block_size,
         })
     }
@@ -60,7 +62,7 @@ impl Bdev for NullBdev {
         self.block_size
     }
     fn num_blocks(&self) -> u64 {
-        self.num_blocks
+        self.num_blocks.load(Ordering::Relaxed)
     }
     fn uuid(&self) -> [u8; 16] {
         self.uuid
@@ -71,7 +73,7 @@ impl Bdev for NullBdev {
     fn open_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
         Ok(Box::new(NullChannel {
             block_size: self.block_size,
-            num_blocks: self.num_blocks,
+            num_blocks: Arc::clone(&self.num_blocks),
             done: CompletionQueue::new(CHANNEL_DEPTH),
         }))
     }
@@ -80,7 +82,7 @@ impl Bdev for NullBdev {
             "method": "bdev_null_create",
             "params": {
                 "name": self.name,
-                "num_blocks": self.num_blocks,
+                "num_blocks": self.num_blocks(),
                 "block_size": self.block_size,
                 "physical_block_size": self.physical_block_size,
                 "uuid": util::format_uuid(&self.uuid),
@@ -94,13 +96,13 @@ impl Bdev for NullBdev {
 
 struct NullChannel {
     block_size: u32,
-    num_blocks: u64,
+    num_blocks: Arc<AtomicU64>,
     done: CompletionQueue,
 }
 
 impl NullChannel {
     fn execute(&self, io: &mut BdevIo) -> super::IoResult {
-        check_range(self.num_blocks, io, self.block_size)?;
+        check_range(self.num_blocks.load(Ordering::Relaxed), io, self.block_size)?;
         if io.kind == IoKind::Read {
             if let Some(buf) = io.buf.as_mut() {
                 buf.zero_fill();
@@ -208,6 +210,44 @@ pub fn rpc_bdev_null_delete(
     delete_typed::<NullBdev>(bdevs, &params.name)
 }
 
+/// `bdev_null_resize`: the new size in MiB.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NullResizeParams {
+    pub name: String,
+    pub new_size: u64,
+}
+
+/// Grows a null bdev, or shrinks one nothing uses (see [`util::resize`]). The caller tells
+/// the hosts of its namespaces.
+pub fn rpc_bdev_null_resize(
+    bdevs: &mut BdevRegistry,
+    params: NullResizeParams,
+) -> Result<serde_json::Value, RpcError> {
+    let bdev = bdevs
+        .get(&params.name)
+        .ok_or_else(|| BdevError::NotFound(params.name.clone()))?;
+    let null = bdev
+        .as_any()
+        .downcast_ref::<NullBdev>()
+        .ok_or_else(|| util::invalid(format!("{} is not a null bdev", params.name)))?;
+    let bytes = params
+        .new_size
+        .checked_mul(1024 * 1024)
+        .filter(|b| b % u64::from(null.block_size) == 0)
+        .ok_or_else(|| {
+            util::invalid(format!(
+                "new size {} MiB is not a whole number of {}-byte blocks",
+                params.new_size, null.block_size
+            ))
+        })?;
+    let new = bytes / u64::from(null.block_size);
+    util::resize(bdevs, &params.name, null.num_blocks(), new, |b| {
+        null.num_blocks.store(b, Ordering::Relaxed)
+    })?;
+    Ok(serde_json::Value::Bool(true))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testutil;
@@ -233,6 +273,48 @@ mod tests {
         testutil::wait(ch, 6);
         testutil::range_contract(&bdev, ch, &pool);
         assert!(testutil::resubmit_after_full(&bdev, CHANNEL_DEPTH + 10));
+    }
+
+    /// A resize reaches channels already open; a bdev in use grows but does not shrink.
+    #[test]
+    fn resize_grows_open_channels_and_shrinks_only_what_nothing_uses() {
+        let mut reg = BdevRegistry::new();
+        reg.register(Arc::new(NullBdev::new("Null0", 2048, 512, None).unwrap()))
+            .unwrap();
+        let bdev = Arc::clone(reg.get("Null0").unwrap());
+        let mut ch = bdev.open_channel().unwrap();
+        let beyond = |ch: &mut dyn BdevChannel| {
+            testutil::run(ch, testutil::io(1, IoKind::WriteZeroes, 2048, 8, None)).result
+        };
+        assert_eq!(beyond(ch.as_mut()), Err(libc::EINVAL));
+        let resize = |reg: &mut BdevRegistry, params: serde_json::Value| {
+            rpc_bdev_null_resize(reg, parse_params(params).unwrap())
+        };
+        resize(&mut reg, json!({"name": "Null0", "new_size": 2})).unwrap();
+        assert_eq!(bdev.num_blocks(), 4096);
+        assert_eq!(beyond(ch.as_mut()), Ok(()));
+        assert_eq!(bdev.config_entry()["params"]["num_blocks"], 4096);
+
+        let (_, hold) = reg.claim("Null0", "nqn.a nsid 1").unwrap();
+        let e = resize(&mut reg, json!({"name": "Null0", "new_size": 1})).unwrap_err();
+        assert_eq!(e.code, -libc::EBUSY, "{e:?}");
+        assert_eq!(bdev.num_blocks(), 4096);
+        resize(&mut reg, json!({"name": "Null0", "new_size": 3})).unwrap();
+        assert_eq!(bdev.num_blocks(), 6144);
+        drop(hold);
+        resize(&mut reg, json!({"name": "Null0", "new_size": 1})).unwrap();
+        assert_eq!(bdev.num_blocks(), 2048);
+        assert_eq!(beyond(ch.as_mut()), Err(libc::EINVAL));
+
+        for (params, errno) in [
+            (json!({"name": "Null0", "new_size": 0}), libc::EINVAL),
+            (json!({"name": "Null0", "new_size": u64::MAX}), libc::EINVAL),
+            (json!({"name": "Nope", "new_size": 1}), libc::ENODEV),
+        ] {
+            let e = resize(&mut reg, params.clone()).unwrap_err();
+            assert_eq!(e.code, -errno, "{params}: {e:?}");
+        }
+        assert_eq!(bdev.num_blocks(), 2048);
     }
 
     #[test]

@@ -265,7 +265,7 @@ impl BdevChannel for UringChannel {
         }
         let file = &self.shared.file;
         let bs = u64::from(file.block_size);
-        if let Err(e) = check_range(file.num_blocks, &io, file.block_size) {
+        if let Err(e) = check_range(file.num_blocks(), &io, file.block_size) {
             self.done.complete(io, Err(e));
             return Ok(());
         }
@@ -493,7 +493,7 @@ impl Bdev for UringBdev {
         self.shared.file.block_size
     }
     fn num_blocks(&self) -> u64 {
-        self.shared.file.num_blocks
+        self.shared.file.num_blocks()
     }
     fn uuid(&self) -> [u8; 16] {
         self.uuid
@@ -586,6 +586,34 @@ pub fn rpc_bdev_uring_delete(
     params: UringDeleteParams,
 ) -> Result<serde_json::Value, RpcError> {
     delete_typed::<UringBdev>(bdevs, &params.name)
+}
+
+/// `bdev_uring_rescan`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UringRescanParams {
+    pub name: String,
+}
+
+/// Takes the file's or device's size now (grown, or shrunk while nothing uses the bdev: see
+/// [`util::resize`]). The caller tells the hosts of its namespaces.
+pub fn rpc_bdev_uring_rescan(
+    bdevs: &mut BdevRegistry,
+    params: UringRescanParams,
+) -> Result<serde_json::Value, RpcError> {
+    let bdev = bdevs
+        .get(&params.name)
+        .ok_or_else(|| BdevError::NotFound(params.name.clone()))?;
+    let this = bdev
+        .as_any()
+        .downcast_ref::<UringBdev>()
+        .ok_or_else(|| BdevError::NotFound(params.name.clone()))?;
+    let file = &this.shared.file;
+    let new = file.current_blocks()?;
+    util::resize(bdevs, &params.name, file.num_blocks(), new, |b| {
+        file.set_num_blocks(b)
+    })?;
+    Ok(serde_json::Value::Bool(true))
 }
 
 #[cfg(test)]

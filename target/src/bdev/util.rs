@@ -185,6 +185,34 @@ pub fn delete_typed<T: 'static>(
     Ok(serde_json::Value::Bool(true))
 }
 
+/// Gives bdev `name` (now `current` blocks) a size of `new` blocks through `set`: growing
+/// always; shrinking only while nothing uses it, as SPDK refuses to shrink an open bdev
+/// (`-EBUSY`): I/O in flight and hosts' idea of the size would both outrun it.
+pub fn resize(
+    bdevs: &BdevRegistry,
+    name: &str,
+    current: u64,
+    new: u64,
+    set: impl FnOnce(u64),
+) -> Result<(), RpcError> {
+    if new == 0 {
+        return Err(invalid(format!("{name}: a size of 0 blocks")));
+    }
+    if new < current {
+        if let Some(user) = bdevs.claimed_by(name) {
+            return Err(RpcError::errno(
+                libc::EBUSY,
+                format!("{name} is in use by {user}: it can grow, not shrink ({current} -> {new} blocks)"),
+            ));
+        }
+    }
+    if new != current {
+        tracing::info!(bdev = name, from = current, to = new, "bdev resized");
+        set(new);
+    }
+    Ok(())
+}
+
 /// A tiny xorshift generator, per channel: picks which I/O gets a p99 latency without a
 /// syscall or a shared state.
 #[derive(Debug, Clone)]

@@ -101,6 +101,15 @@ impl CoreCtx {
         self.notify_discovery_change();
     }
 
+    /// Namespaces of subsystem `id` whose size changed: each controller they are visible to
+    /// gets a Namespace Attribute Changed notice.
+    pub fn namespaces_resized(&mut self, id: SubsystemId, nsids: &[u32]) {
+        let Some(config) = self.subsystems.get(&id).map(|s| Arc::clone(&s.config)) else {
+            return;
+        };
+        self.notify_namespace_change(id, nsids, Some(&config), &config);
+    }
+
     /// Why namespace `nsid` of subsystem `id` has no working bdev channel on this reactor,
     /// if it has none (its channel failed to open): the errno and the message.
     pub fn namespace_open_error(&self, id: SubsystemId, nsid: u32) -> Option<(i32, String)> {

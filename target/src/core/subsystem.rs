@@ -87,6 +87,10 @@ pub struct Namespace {
     /// The claim on `bdev`: released when the last copy of this namespace goes, on the
     /// reactor that drains its last I/O, never before.
     pub claim: Arc<BdevClaim>,
+    /// The size hosts were last told of: a bdev resized since (or one it is stacked on)
+    /// gets its hosts a Namespace Attribute Changed notice (see
+    /// `Target::announce_resized_namespaces`). Written by the control plane only.
+    pub announced_blocks: AtomicU64,
 }
 
 /// Per-namespace I/O counters, kept per reactor and summed only when read: each reactor

@@ -40,6 +40,21 @@ wire!(
     bdev_delay_update_latency,
     delay::rpc_bdev_delay_update_latency
 );
+/// A method that may change a bdev's size: once it succeeds, the hosts of the namespaces
+/// whose size moved are told (Namespace Attribute Changed).
+macro_rules! wire_resize {
+    ($name:ident, $module:ident :: $handler:ident) => {
+        pub fn $name(c: &mut Control, params: Option<Value>) -> Result<Value, RpcError> {
+            let answer = $module::$handler(&mut c.target.bdevs, parse(params)?)?;
+            c.target.announce_resized_namespaces();
+            Ok(answer)
+        }
+    };
+}
+
+wire_resize!(bdev_null_resize, null::rpc_bdev_null_resize);
+wire_resize!(bdev_aio_rescan, aio::rpc_bdev_aio_rescan);
+wire_resize!(bdev_uring_rescan, uring::rpc_bdev_uring_rescan);
 wire!(bdev_split_create, split::rpc_bdev_split_create);
 wire!(bdev_split_delete, split::rpc_bdev_split_delete);
 wire!(bdev_error_create, error_inject::rpc_bdev_error_create);

@@ -1957,3 +1957,48 @@ fn split_parts_export_separately_and_survive_a_restart() {
     );
     ok(&mut c, "bdev_malloc_delete", json!({"name": "Malloc0"}));
 }
+
+/// `bdev_null_resize` through the method table tells the namespace's hosts (the size they
+/// were told moves with it); a refused shrink tells nobody anything.
+#[test]
+fn a_resize_through_the_table_is_announced() {
+    let mut c = control();
+    ok(
+        &mut c,
+        "bdev_null_create",
+        json!({"name": "Null0", "num_blocks": 2048, "block_size": 512}),
+    );
+    ok(&mut c, "nvmf_create_subsystem", json!({"nqn": NQN1}));
+    ok(
+        &mut c,
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": NQN1, "namespace": {"bdev_name": "Null0"}}),
+    );
+    let announced = |c: &Control| {
+        c.target.subsystem(NQN1).unwrap().namespaces[&1]
+            .announced_blocks
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    assert_eq!(announced(&c), 2048);
+    ok(
+        &mut c,
+        "bdev_null_resize",
+        json!({"name": "Null0", "new_size": 2}),
+    );
+    assert_eq!(announced(&c), 4096);
+    refused(
+        &mut c,
+        "bdev_null_resize",
+        json!({"name": "Null0", "new_size": 1}),
+        EBUSY,
+        "Null0",
+    );
+    assert_eq!(announced(&c), 4096);
+    refused(
+        &mut c,
+        "bdev_aio_rescan",
+        json!({"name": "Null0"}),
+        ENODEV,
+        "Null0",
+    );
+}

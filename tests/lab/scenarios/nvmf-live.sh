@@ -2,6 +2,8 @@
 # nvmf-live: configuration changes over JSON-RPC while a Linux host stays connected.
 #   - a namespace added live appears on the host without reconnecting (AEN, Changed NS List)
 #   - a namespace removed under running I/O completes that I/O and disappears
+#   - a namespace's bdev grown (bdev_null_resize) shows its new size on the host (AEN), and
+#     does not shrink while in use
 #   - host allow-list changes apply to new connections
 #   - removing a listener disconnects the host's controller that came through it, not the
 #     one through another port; deleting the subsystem disconnects it too
@@ -44,6 +46,29 @@ lab_log "namespace 2 removed live; its fio ended"
 lab_fio ns1-verify --filename="$dev1" --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
     --iodepth=4 --size=4M --verify=crc32c --do_verify=1 --verify_fatal=1 >/dev/null ||
     lab_fail "namespace 1 after the live removal"
+
+# Grow a namespace live (bdev_null_resize): the host is told (AEN) and takes the new size
+# without reconnecting, the new blocks serve I/O, and the bdev, in use, does not shrink.
+nvmf_rpc bdev_null_create Null9 8 4096 >/dev/null
+nvmf_rpc nvmf_subsystem_add_ns "$nqn" Null9 -n 3 >/dev/null
+lab_wait_until 30 "namespace 3 to appear on the host" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -ge 2 ]" ||
+    lab_fail "namespace 3 did not appear"
+dev3=$(lab_nvme_devs_by_nsid "$nqn" | tail -n1)
+[[ $(blockdev --getsize64 "$dev3") == $((8 << 20)) ]] || lab_fail "namespace 3 is not 8 MiB at first"
+nvmf_rpc bdev_null_resize Null9 16 >/dev/null
+lab_wait_until 30 "the host to see namespace 3 grow to 16 MiB" sh -c "[ \$(blockdev --getsize64 $dev3) -eq $((16 << 20)) ]" ||
+    lab_fail "the host did not take the grown size"
+lab_t 30 dd if="$dev3" of=/dev/null bs=1M skip=12 count=4 iflag=direct status=none ||
+    lab_fail "reading the grown blocks"
+if nvmf_rpc bdev_null_resize Null9 4 >/dev/null 2>&1; then
+    lab_fail "a namespace's bdev shrank under its host"
+fi
+sleep 2
+[[ $(blockdev --getsize64 "$dev3") == $((16 << 20)) ]] || lab_fail "namespace 3 changed size after a refused shrink"
+nvmf_rpc nvmf_subsystem_remove_ns "$nqn" 3 >/dev/null
+lab_wait_until 30 "namespace 3 to disappear" sh -c "[ \$(ls /sys/class/nvme-subsystem/*/ | grep -c '^nvme[0-9]*n[0-9]*\$') -le 1 ]" ||
+    lab_fail "namespace 3 still on the host"
+lab_log "namespace 3 grew live from 8 to 16 MiB on the host; its shrink was refused"
 
 # Allow list: closing the subsystem to unknown hosts refuses new connections; adding ours
 # lets it in again.

@@ -163,7 +163,7 @@ for name in order:
         bell = f"{med(bells):.2f}" if bells else "-"
         print(f"| {name} | {who} | {iops:.0f} | {iops / ki:.2f} | {med([x[2] for x in xs]):.0f} | "
               f"{med([x[1] for x in xs]):.0f} | {med([x[3] for x in xs]):.0f} | {per_io / kc:.2f} | "
-              f"{bell} | {iops / wire:.2f} |")
+              f"{bell} | {f'{iops / wire:.2f}' if wire else '-'} |")
 
 print()
 print("Paired, medians of per-repeat ratios: each of our runs against the kernel's run of the "

@@ -134,6 +134,27 @@ pub(crate) enum Cmd {
     },
     #[command(name = "bdev_uring_delete")]
     BdevUringDelete { name: String },
+    /// Grows a null bdev (or shrinks one no namespace uses); NEW_SIZE in MiB.
+    #[command(name = "bdev_null_resize")]
+    BdevNullResize { name: String, new_size: u64 },
+    /// Takes the new size of an AIO bdev's file or device.
+    #[command(name = "bdev_aio_rescan")]
+    BdevAioRescan { name: String },
+    /// Takes the new size of an io_uring bdev's file or device.
+    #[command(name = "bdev_uring_rescan")]
+    BdevUringRescan { name: String },
+    /// Splits BASE_BDEV into SPLIT_COUNT parts named <base>p0, <base>p1, ...
+    #[command(name = "bdev_split_create")]
+    BdevSplitCreate {
+        base_bdev: String,
+        split_count: u32,
+        /// Size of each part in MiB (default: the base divided evenly).
+        #[arg(short = 's', long = "split-size-mb")]
+        split_size_mb: Option<u64>,
+    },
+    /// Deletes every part of BASE_BDEV.
+    #[command(name = "bdev_split_delete")]
+    BdevSplitDelete { base_bdev: String },
     #[command(name = "bdev_delay_create")]
     BdevDelayCreate {
         #[arg(short = 'b', long = "base-bdev-name", required = true)]

@@ -167,6 +167,26 @@ fn request(cmd: Cmd) -> Result<Request, String> {
             ),
         ),
         BdevUringDelete { name } => ("bdev_uring_delete", some(params! {"name" => name})),
+        BdevNullResize { name, new_size } => (
+            "bdev_null_resize",
+            some(params! {"name" => name, "new_size" => new_size}),
+        ),
+        BdevAioRescan { name } => ("bdev_aio_rescan", some(params! {"name" => name})),
+        BdevUringRescan { name } => ("bdev_uring_rescan", some(params! {"name" => name})),
+        BdevSplitCreate {
+            base_bdev,
+            split_count,
+            split_size_mb,
+        } => (
+            "bdev_split_create",
+            some(
+                params! {"base_bdev" => base_bdev, "split_count" => split_count, "split_size_mb" => split_size_mb},
+            ),
+        ),
+        BdevSplitDelete { base_bdev } => (
+            "bdev_split_delete",
+            some(params! {"base_bdev" => base_bdev}),
+        ),
         BdevDelayCreate {
             base_bdev_name,
             name,
