@@ -166,8 +166,8 @@ enum ContextOwner {
 ///
 /// librdmacm notices a removal only when it lists the devices, and it stops before it
 /// compares when none is left: the machine's last device would stay open until the process
-/// exits. So the last of our pins on a context that libibverbs no longer lists closes the
-/// context's descriptors itself first ([`sever`]).
+/// exits. So the last of our pins on a context closes the context's descriptors itself once
+/// the device is gone (see [`PinBook`]).
 pub(crate) struct CmDevicePin {
     ctx: NonNull<sys::ibv_context>,
     /// `[ctx, NULL]`, from `malloc`.
@@ -185,7 +185,9 @@ impl CmDevicePin {
     fn all() -> Result<Vec<Self>> {
         // Held until the pins are counted: a context whose last pin is being given back is
         // not handed out again halfway.
-        let mut counts = PINS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut book = PINS.lock().unwrap_or_else(|e| e.into_inner());
+        book.settle_parked();
+        let counts = &mut book.counts;
         let mut n: libc::c_int = 0;
         // SAFETY: `n` is a valid out-pointer.
         let list = unsafe { sys::rdma_get_devices(&mut n) };
@@ -238,26 +240,19 @@ impl CmDevicePin {
 
 impl Drop for CmDevicePin {
     fn drop(&mut self) {
-        let mut counts = PINS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut book = PINS.lock().unwrap_or_else(|e| e.into_inner());
         let key = self.ctx.as_ptr() as usize;
-        let last = match counts.get_mut(&key) {
-            Some(n) if *n > 1 => {
-                *n -= 1;
-                false
-            }
+        match book.counts.get_mut(&key) {
+            Some(n) if *n > 1 => *n -= 1,
             _ => {
-                counts.remove(&key);
-                true
+                // The last: kept until the device list is next looked at (see `PinBook`).
+                book.counts.remove(&key);
+                book.parked.push(Parked {
+                    ctx: self.ctx,
+                    array: self.array,
+                });
+                return;
             }
-        };
-        // SAFETY: the context is open: this pin's reference keeps librdmacm from closing it.
-        let device = unsafe { self.ctx.as_ref() }.device;
-        if last && !is_listed(device) && !has_uverbs_node(device) {
-            tracing::info!(device = %device_info(device).name, "RDMA device removed: closing librdmacm's context of it");
-            // SAFETY: the pin still holds librdmacm's reference, so the context and its
-            // descriptors are open; this process holds no other pin on it, and a removed
-            // device's context is handed out no more, so nothing of ours uses it.
-            unsafe { sever(self.ctx) };
         }
         // SAFETY: `array` is a malloc'd, NULL-terminated array holding one context that
         // `rdma_get_devices` took a reference on; librdmacm gives it back and frees the
@@ -266,13 +261,72 @@ impl Drop for CmDevicePin {
     }
 }
 
-/// How many [`CmDevicePin`]s this process holds on each librdmacm context, by address.
-static PINS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+/// This process's pins on librdmacm's contexts.
+///
+/// The last pin on a context is not given back at once but parked until the device list is
+/// next looked at ([`CmDevicePin::all`], which the device checks call), and then:
+/// - a device still listed: given back;
+/// - a device no longer listed whose verbs node is gone: its context severed ([`sever`]),
+///   then given back. librdmacm would close it itself only if some device were left to
+///   list, so the machine's last device would stay open until the process exits;
+/// - a device no longer listed whose verbs node is still there: kept. The kernel takes a
+///   device out of the list first and its verbs node only later, when its verbs client's turn
+///   comes; the context is looked at again next time, so a removal in that window still ends.
+///
+/// Listing once per look, not once per pin, also keeps connection set-up (which pins every
+/// device and drops all but one) from scanning the devices once per device.
+struct PinBook {
+    /// Pins held, by context address.
+    counts: BTreeMap<usize, usize>,
+    parked: Vec<Parked>,
+}
 
-/// Whether libibverbs still lists `device` (a failed listing counts as listed). A removed
-/// device leaves the list as soon as its removal begins, though its struct lives on.
-fn is_listed(device: *mut sys::ibv_device) -> bool {
-    DeviceList::get().map_or(true, |list| list.iter().any(|d| d == device))
+/// A last pin given back, holding its reference until the list is looked at.
+struct Parked {
+    ctx: NonNull<sys::ibv_context>,
+    array: NonNull<*mut sys::ibv_context>,
+}
+
+// SAFETY: a parked pin is the same two pointers as a `CmDevicePin`, which is `Send`; it is
+// only touched under the `PINS` lock.
+unsafe impl Send for Parked {}
+
+static PINS: Mutex<PinBook> = Mutex::new(PinBook {
+    counts: BTreeMap::new(),
+    parked: Vec::new(),
+});
+
+impl PinBook {
+    /// Decides each parked pin (see [`PinBook`]) with one look at the device list.
+    fn settle_parked(&mut self) {
+        if self.parked.is_empty() {
+            return;
+        }
+        // A failed listing decides nothing: every parked pin waits for the next look.
+        let Ok(list) = DeviceList::get() else {
+            return;
+        };
+        let parked = std::mem::take(&mut self.parked);
+        for p in parked {
+            // SAFETY: the parked pin's reference keeps the context open.
+            let device = unsafe { p.ctx.as_ref() }.device;
+            let pinned_again = self.counts.contains_key(&(p.ctx.as_ptr() as usize));
+            let listed = list.iter().any(|d| d == device);
+            if !listed && !pinned_again {
+                if has_uverbs_node(device) {
+                    self.parked.push(p);
+                    continue;
+                }
+                tracing::info!(device = %device_info(device).name, "RDMA device removed: closing librdmacm's context of it");
+                // SAFETY: the parked pin still holds librdmacm's reference, so the context
+                // and its descriptors are open; no pin of this process is on it, so nothing
+                // of ours has objects on it (each holds its context's pin).
+                unsafe { sever(p.ctx) };
+            }
+            // SAFETY: as in `CmDevicePin::drop`: the array is given back exactly once.
+            unsafe { sys::rdma_free_devices(p.array.as_ptr()) };
+        }
+    }
 }
 
 /// Whether the device's verbs node (`/sys/class/infiniband_verbs/uverbsN`) is still there:
@@ -288,7 +342,7 @@ fn has_uverbs_node(device: *mut sys::ibv_device) -> bool {
 /// Closes what keeps a removed device's verbs context open in the kernel: its command and
 /// event descriptors. Each is replaced by a pipe's read end with no writer, so the numbers
 /// stay librdmacm's to close later (no other file can take them meanwhile), and a verb still
-/// sent on it fails (EBADF) instead of reaching anything. The kernel then destroys what
+/// sent on it fails (EBADF or ENOTTY) instead of reaching anything. The kernel then destroys what
 /// the context held and lets the removal finish (rxe waits for it: it cannot take
 /// resources back from a process).
 ///
@@ -384,6 +438,15 @@ impl Context {
             owner: ContextOwner::Cm(pin),
             async_nonblocking: Default::default(),
         }))
+    }
+
+    /// Whether libibverbs still lists this context's device; `None` if it cannot list.
+    pub fn still_listed(&self) -> Option<bool> {
+        // SAFETY: an open context always points at its device.
+        let device = unsafe { self.raw.as_ref() }.device;
+        DeviceList::get()
+            .ok()
+            .map(|list| list.iter().any(|d| d == device))
     }
 
     pub(crate) fn async_fd_nonblocking(&self) -> bool {

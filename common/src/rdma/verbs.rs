@@ -77,9 +77,11 @@ pub trait Verbs: Clone + Send + Sync + 'static {
     /// nothing uses it, else when its last user lets go): until it does, the kernel cannot
     /// finish the removal (with soft-RoCE, `rdma link delete` waits), even for a device this
     /// process never used. librdmacm stops before it looks when no device is left, so the
-    /// real provider closes the last one's context itself once nothing of ours holds it,
-    /// and keeps every device's context from one listing to the next, so that one which
-    /// goes in between is seen going.
+    /// real provider closes a removed device's context itself, at a look after the last of
+    /// this process's references on it went, and keeps every device's context from one look
+    /// to the next, so that one which goes in between, used or not, is let go too. For a
+    /// process that looks at the list periodically (the target's acceptor); a question
+    /// about one device is [`VerbsContext::still_present`].
     fn sync_devices(&self) -> Option<Vec<Arc<Self::Context>>>;
 
     /// Where a caller with nothing to do waits: the system sleeps, a simulation runs its
@@ -99,6 +101,9 @@ pub trait VerbsContext: Send + Sync + 'static {
     fn transport(&self) -> super::Transport;
     /// Whether two handles name the same open device.
     fn same_device(&self, other: &Self) -> bool;
+    /// Whether the device is still there (listed by the provider); `None` when the list
+    /// cannot be read. Pins nothing, unlike [`Verbs::sync_devices`].
+    fn still_present(&self) -> Option<bool>;
     /// The next asynchronous event of the device (a broken QP or CQ, a port down), without
     /// blocking.
     fn poll_async_event(&self) -> Result<Option<AsyncEvent>>;
@@ -354,6 +359,10 @@ impl VerbsContext for Context {
 
     fn same_device(&self, other: &Self) -> bool {
         self.as_raw() == other.as_raw()
+    }
+
+    fn still_present(&self) -> Option<bool> {
+        Context::still_listed(self)
     }
 
     fn poll_async_event(&self) -> Result<Option<AsyncEvent>> {

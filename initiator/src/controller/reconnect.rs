@@ -86,7 +86,7 @@ impl<V: Verbs> Controller<V> {
             return;
         }
         let s = Arc::clone(&self.shared);
-        if let Some(name) = device_gone(&s.verbs, &s.pd) {
+        if let Some(name) = device_gone::<V>(&s.pd) {
             self.fail(format!(
                 "its RDMA device {name} was removed: the buffers registered on it cannot move \
                  to another, so the controller is given up at once (its resources go with it, \
@@ -154,8 +154,7 @@ impl<V: Verbs> Controller<V> {
 
 /// The name of `pd`'s device if the provider lists it no more (a device that comes back is
 /// a new one: the PD, and every registration on it, stay dead).
-fn device_gone<V: Verbs>(verbs: &V, pd: &Arc<V::Pd>) -> Option<String> {
-    let live = verbs.sync_devices()?;
+fn device_gone<V: Verbs>(pd: &Arc<V::Pd>) -> Option<String> {
     let ctx = pd.context();
-    (!live.iter().any(|d| d.same_device(ctx))).then(|| ctx.device_name())
+    (ctx.still_present() == Some(false)).then(|| ctx.device_name())
 }

@@ -106,6 +106,11 @@ impl VerbsContext for SimContext {
             && self.incarnation == other.incarnation
     }
 
+    /// A device that came back is a new one: this handle's is gone for good.
+    fn still_present(&self) -> Option<bool> {
+        Some(self.fabric.lock().device_live(self.host, self.incarnation))
+    }
+
     fn poll_async_event(&self) -> Result<Option<AsyncEvent>> {
         Ok(self.take_async_event().map(|e| AsyncEvent {
             kind: match e.kind {
