@@ -7,8 +7,11 @@
 //! namespace can neither read nor overwrite another's. The parts claim the base together;
 //! `bdev_split_delete` removes them all at once, and only when no namespace uses any of them
 //! (SPDK hot-removes parts in use; here the delete is refused, as every delete of a bdev in
-//! use is). A part's UUID derives from the base's and the part's index, so a saved config
-//! brings each namespace back with the same identity.
+//! use is). A part's UUID derives from the base's and the part's place, as SPDK derives it,
+//! so a saved config brings each namespace back with the same identity; and a split base
+//! does not grow (its parts would move at the next start, `split_size_mb` being recomputed
+//! from its size). Each part opens its own channel to the base on every reactor (an AIO
+//! base: one context per part and reactor, counted against `aio-max-nr`).
 
 use std::sync::Arc;
 
@@ -51,17 +54,26 @@ impl SplitBdev {
     }
 }
 
-/// A part's UUID: the base's, with its second half mixed with the part's index
-/// (splitmix64), marked as a version-8 (derived) UUID.
-fn part_uuid(base: &[u8; 16], index: u64) -> [u8; 16] {
-    let mut z = index.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    let mut uuid = *base;
-    let low = u64::from_be_bytes(uuid[8..].try_into().expect("8 bytes")) ^ z;
-    uuid[8..].copy_from_slice(&low.to_be_bytes());
-    uuid[6] = (uuid[6] & 0x0f) | 0x80;
+/// SPDK's namespace for the UUIDs of bdev parts (`lib/bdev/part.c`).
+const PART_NAMESPACE: [u8; 16] = [
+    0x97, 0x6b, 0x89, 0x9e, 0x3e, 0x1e, 0x4d, 0x71, 0xab, 0x69, 0xc2, 0xb0, 0x8e, 0x9d, 0xf8, 0xb8,
+];
+
+/// A part's UUID as SPDK derives it: version 5 (SHA-1) in SPDK's part namespace, of the
+/// base's UUID, the part's offset and its size (both little-endian, as SPDK hashes its
+/// struct on x86). The same split of the same base gives the same UUIDs, here and in SPDK,
+/// and any other geometry gives others.
+fn part_uuid(base: &[u8; 16], offset_blocks: u64, num_blocks: u64) -> [u8; 16] {
+    use sha1::{Digest, Sha1};
+    let digest = Sha1::new()
+        .chain_update(PART_NAMESPACE)
+        .chain_update(base)
+        .chain_update(offset_blocks.to_le_bytes())
+        .chain_update(num_blocks.to_le_bytes())
+        .finalize();
+    let mut uuid = [0u8; 16];
+    uuid.copy_from_slice(&digest[..16]);
+    uuid[6] = (uuid[6] & 0x0f) | 0x50;
     uuid[8] = (uuid[8] & 0x3f) | 0x80;
     uuid
 }
@@ -260,7 +272,7 @@ pub fn rpc_bdev_split_create(
                 index,
                 offset_blocks: index * part_blocks,
                 num_blocks: part_blocks,
-                uuid: part_uuid(&base.uuid(), index),
+                uuid: part_uuid(&base.uuid(), index * part_blocks, part_blocks),
                 request: Arc::clone(&request),
             }) as BdevRef
         })
@@ -487,6 +499,52 @@ mod tests {
         let (_, hold) = reg.claim("Malloc0", "nqn.a nsid 1").unwrap();
         drop(hold);
         reg.unregister("Malloc0").unwrap();
+    }
+
+    /// The UUIDs SPDK gives the same parts (known answers from an independent SHA-1: Python's
+    /// hashlib over SPDK's namespace, the base UUID and the part's place), distinct for the
+    /// parts of a split of a part.
+    #[test]
+    fn part_uuids_are_spdks() {
+        let base = util::parse_uuid("5a5a5a5a-0000-4000-8000-00000000005a").unwrap();
+        let mut reg = BdevRegistry::new();
+        reg.register(Arc::new(
+            MallocBdev::new("M", 4096, 512, Some(base)).unwrap(),
+        ))
+        .unwrap();
+        create(&mut reg, json!({"base_bdev": "M", "split_count": 2})).unwrap();
+        let uuid =
+            |reg: &BdevRegistry, name: &str| util::format_uuid(&reg.get(name).unwrap().uuid());
+        assert_eq!(uuid(&reg, "Mp0"), "03352f5f-e1dc-55fb-bafc-e8f8a3cbdc2b");
+        assert_eq!(uuid(&reg, "Mp1"), "72cb0693-0791-5b9f-b1b9-3a93cbf53962");
+
+        create(&mut reg, json!({"base_bdev": "Mp0", "split_count": 2})).unwrap();
+        create(&mut reg, json!({"base_bdev": "Mp1", "split_count": 2})).unwrap();
+        let all: std::collections::BTreeSet<String> =
+            ["Mp0p0", "Mp0p1", "Mp1p0", "Mp1p1", "Mp0", "Mp1"]
+                .iter()
+                .map(|n| uuid(&reg, n))
+                .collect();
+        assert_eq!(all.len(), 6, "{all:?}");
+    }
+
+    /// A split base keeps its size: grown, its parts would move at the next start.
+    #[test]
+    fn a_split_base_does_not_grow() {
+        let mut reg = BdevRegistry::new();
+        reg.register(Arc::new(
+            super::super::NullBdev::new("N", 2048, 512, None).unwrap(),
+        ))
+        .unwrap();
+        create(&mut reg, json!({"base_bdev": "N", "split_count": 2})).unwrap();
+        let e = super::super::null::rpc_bdev_null_resize(
+            &mut reg,
+            parse_params(json!({"name": "N", "new_size": 2})).unwrap(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, -libc::EBUSY, "{e:?}");
+        assert_eq!(reg.get("N").unwrap().num_blocks(), 2048);
+        assert_eq!(part(&reg, "Np1"), (1024, 1024));
     }
 
     /// One config entry recreates every part, with the same UUIDs.

@@ -198,6 +198,19 @@ pub fn resize(
     if new == 0 {
         return Err(invalid(format!("{name}: a size of 0 blocks")));
     }
+    if let Some(user) = bdevs.claimed_by(name) {
+        let split = bdevs
+            .get(user)
+            .is_some_and(|b| b.as_any().is::<super::SplitBdev>());
+        if split && new != current {
+            return Err(RpcError::errno(
+                libc::EBUSY,
+                format!(
+                    "{name} is split ({user}, ...): a new size would move its parts at the next start"
+                ),
+            ));
+        }
+    }
     if new < current {
         if let Some(user) = bdevs.claimed_by(name) {
             return Err(RpcError::errno(
