@@ -160,7 +160,7 @@ fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<
 /// and [`MAX_DRAIN`] bytes: closing with unread request bytes would reset the connection
 /// before the client read the answer.
 fn send_then_close(
-    stream: &mut TcpStream,
+    stream: &mut impl Connection,
     answer: &[u8],
     write_time: Duration,
     drain_time: Duration,
@@ -177,10 +177,12 @@ fn send_then_close(
             Ok(0) => return Err(ErrorKind::WriteZero.into()),
             Ok(n) => rest = &rest[n..],
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            // The socket's own timeout (what was left of the deadline) ran out.
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Err(ErrorKind::TimedOut.into()),
             Err(e) => return Err(e),
         }
     }
-    stream.shutdown(std::net::Shutdown::Write)?;
+    stream.shutdown_write()?;
     let deadline = Instant::now() + drain_time;
     let mut sink = [0u8; 4096];
     let mut drained = 0;
@@ -196,6 +198,25 @@ fn send_then_close(
         }
     }
     Ok(())
+}
+
+/// What [`send_then_close`] needs of a connection (a TCP stream; a test's stand-in).
+trait Connection: Read + Write {
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()>;
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()>;
+    fn shutdown_write(&self) -> std::io::Result<()>;
+}
+
+impl Connection for TcpStream {
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        TcpStream::set_write_timeout(self, timeout)
+    }
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        TcpStream::set_read_timeout(self, timeout)
+    }
+    fn shutdown_write(&self) -> std::io::Result<()> {
+        self.shutdown(std::net::Shutdown::Write)
+    }
 }
 
 /// One poll group's answer.
@@ -478,46 +499,56 @@ fn escape(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
-    use std::sync::atomic::AtomicBool;
 
-    /// A client that keeps reading, a little at a time, makes every write progress: only the
-    /// overall deadline ends an answer it would take minutes to read. A deadline per write
-    /// would let it hold the scrape's thread (and one of the few slots) for as long as it
-    /// likes.
+    /// A client that takes a byte every 2 ms: every write makes progress, so no timeout of a
+    /// single write ever fires, and only the overall deadline ends an answer it would take
+    /// minutes to read (a deadline per write let it hold a scrape's thread, and one of the
+    /// few slots, for as long as it liked).
+    struct Trickle {
+        taken: usize,
+    }
+
+    impl Read for Trickle {
+        fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+            Ok(0)
+        }
+    }
+
+    impl Write for Trickle {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            std::thread::sleep(Duration::from_millis(2));
+            self.taken += 1;
+            Ok(buf.len().min(1))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Connection for Trickle {
+        fn set_write_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn set_read_timeout(&self, _: Option<Duration>) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn shutdown_write(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
     #[test]
     fn a_slow_reader_is_cut_off_by_the_overall_write_deadline() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let finished = Arc::new(AtomicBool::new(false));
-        let reader_finished = Arc::clone(&finished);
-        let reader = std::thread::spawn(move || {
-            let mut client = TcpStream::connect(addr).unwrap();
-            let mut buf = [0u8; 1024];
-            let mut read = 0usize;
-            // 100 KiB/s: the answer below would take over ten minutes.
-            while !reader_finished.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(10));
-                match client.read(&mut buf) {
-                    Ok(0) | Err(_) => return read,
-                    Ok(n) => read += n,
-                }
-            }
-            read
-        });
-        let (mut server, _) = listener.accept().unwrap();
-        let answer = vec![b'x'; 64 << 20];
+        let mut client = Trickle { taken: 0 };
+        let answer = vec![b'x'; 64 * 1024];
         let err = send_then_close(
-            &mut server,
+            &mut client,
             &answer,
-            Duration::from_millis(300),
+            Duration::from_millis(200),
             Duration::ZERO,
         )
-        .expect_err("the whole answer cannot have been written");
+        .expect_err("a 64 KiB answer at 500 bytes a second cannot have been written");
         assert_eq!(err.kind(), ErrorKind::TimedOut);
-        finished.store(true, Ordering::Release);
-        let read = reader.join().unwrap();
-        assert!(read > 0, "the reader read nothing: the test proves nothing");
-        assert!(read < answer.len());
+        assert!(client.taken > 0 && client.taken < answer.len());
     }
 }
