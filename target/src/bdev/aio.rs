@@ -687,22 +687,30 @@ pub struct AioRescanParams {
     pub name: String,
 }
 
-/// Takes the file's or device's size now (grown, or shrunk while nothing uses the bdev: see
-/// [`util::resize`]). The caller tells the hosts of its namespaces.
 pub fn rpc_bdev_aio_rescan(
     bdevs: &mut BdevRegistry,
     params: AioRescanParams,
 ) -> Result<serde_json::Value, RpcError> {
+    rescan::<AioBdev>(bdevs, &params.name, |b| &b.shared)
+}
+
+/// Takes the file's or device's size now for bdev `name` of type `T` (grown, or shrunk while
+/// nothing uses the bdev: see [`util::resize`]). The caller tells the hosts of its namespaces.
+pub(super) fn rescan<T: 'static>(
+    bdevs: &BdevRegistry,
+    name: &str,
+    shared_of: fn(&T) -> &AioShared,
+) -> Result<serde_json::Value, RpcError> {
     let bdev = bdevs
-        .get(&params.name)
-        .ok_or_else(|| BdevError::NotFound(params.name.clone()))?;
+        .get(name)
+        .ok_or_else(|| BdevError::NotFound(name.to_string()))?;
     let this = bdev
         .as_any()
-        .downcast_ref::<AioBdev>()
-        .ok_or_else(|| BdevError::NotFound(params.name.clone()))?;
-    let file = &this.shared.file;
+        .downcast_ref::<T>()
+        .ok_or_else(|| BdevError::NotFound(name.to_string()))?;
+    let file = &shared_of(this).file;
     let new = file.current_blocks()?;
-    util::resize(bdevs, &params.name, file.num_blocks(), new, |b| {
+    util::resize(bdevs, name, file.num_blocks(), new, |b| {
         file.set_num_blocks(b)
     })?;
     Ok(serde_json::Value::Bool(true))

@@ -294,15 +294,12 @@ pub fn rpc_bdev_delay_update_latency(
 
 #[cfg(test)]
 mod tests {
-    use super::super::malloc::MallocBdev;
     use super::super::testutil::{self, io};
     use super::super::util::parse_params;
     use super::*;
 
     fn setup(avg_read: u64, avg_write: u64) -> BdevRegistry {
-        let mut reg = BdevRegistry::new();
-        reg.register(Arc::new(MallocBdev::new("Malloc0", 64, 512, None).unwrap()))
-            .unwrap();
+        let mut reg = testutil::registry_with_malloc0();
         let p = parse_params(json!({
             "base_bdev_name": "Malloc0", "name": "Delay0",
             "avg_read_latency": avg_read, "p99_read_latency": avg_read,

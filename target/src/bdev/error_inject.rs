@@ -502,15 +502,12 @@ pub fn rpc_bdev_error_resume_pending(
 
 #[cfg(test)]
 mod tests {
-    use super::super::malloc::MallocBdev;
     use super::super::testutil::{self, io};
     use super::super::util::parse_params;
     use super::*;
 
     fn setup() -> BdevRegistry {
-        let mut reg = BdevRegistry::new();
-        reg.register(Arc::new(MallocBdev::new("Malloc0", 64, 512, None).unwrap()))
-            .unwrap();
+        let mut reg = testutil::registry_with_malloc0();
         let p = parse_params(json!({"base_name": "Malloc0"})).unwrap();
         assert_eq!(rpc_bdev_error_create(&mut reg, p).unwrap(), json!(true));
         reg

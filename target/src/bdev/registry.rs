@@ -48,17 +48,7 @@ impl BdevRegistry {
             return Err(BdevError::Exists(name));
         }
         let bases = bdev.base_bdevs();
-        for base in &bases {
-            if !self.bdevs.contains_key(base) {
-                return Err(BdevError::NotFound(base.clone()));
-            }
-            if let Some(user) = self.claimed_by(base) {
-                return Err(BdevError::Claimed {
-                    name: base.clone(),
-                    user: user.to_string(),
-                });
-            }
-        }
+        self.check_bases(&bases)?;
         for base in bases {
             let claim = Claim {
                 user: name.clone(),
@@ -90,17 +80,7 @@ impl BdevRegistry {
                 )));
             }
         }
-        for base in &bases {
-            if !self.bdevs.contains_key(base) {
-                return Err(BdevError::NotFound(base.clone()));
-            }
-            if let Some(user) = self.claimed_by(base) {
-                return Err(BdevError::Claimed {
-                    name: base.clone(),
-                    user: user.to_string(),
-                });
-            }
-        }
+        self.check_bases(&bases)?;
         for base in bases {
             let claim = Claim {
                 user: first.name().to_string(),
@@ -112,6 +92,22 @@ impl BdevRegistry {
             let name = bdev.name().to_string();
             self.order.push(name.clone());
             self.bdevs.insert(name, bdev);
+        }
+        Ok(())
+    }
+
+    /// Bases a new bdev may stack on: present and unclaimed.
+    fn check_bases(&self, bases: &[String]) -> Result<(), BdevError> {
+        for base in bases {
+            if !self.bdevs.contains_key(base) {
+                return Err(BdevError::NotFound(base.clone()));
+            }
+            if let Some(user) = self.claimed_by(base) {
+                return Err(BdevError::Claimed {
+                    name: base.clone(),
+                    user: user.to_string(),
+                });
+            }
         }
         Ok(())
     }

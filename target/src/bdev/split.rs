@@ -336,13 +336,7 @@ mod tests {
     use super::super::util::parse_params;
     use super::*;
 
-    /// Malloc0: 64 blocks of 512 bytes.
-    fn registry() -> BdevRegistry {
-        let mut reg = BdevRegistry::new();
-        reg.register(Arc::new(MallocBdev::new("Malloc0", 64, 512, None).unwrap()))
-            .unwrap();
-        reg
-    }
+    use testutil::registry_with_malloc0 as registry;
 
     fn create(reg: &mut BdevRegistry, params: serde_json::Value) -> Result<Vec<String>, RpcError> {
         let v = rpc_bdev_split_create(reg, parse_params(params)?)?;

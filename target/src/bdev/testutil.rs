@@ -352,3 +352,13 @@ pub fn zeroing_file(name: &str, max: usize) -> super::file::TempFile {
     std::fs::write(f.path(), vec![0xABu8; (blocks * 4096) as usize]).unwrap();
     f
 }
+
+/// A registry holding `Malloc0`: 64 blocks of 512 bytes, the base the stacking tests use.
+pub fn registry_with_malloc0() -> super::BdevRegistry {
+    let mut reg = super::BdevRegistry::new();
+    reg.register(std::sync::Arc::new(
+        super::MallocBdev::new("Malloc0", 64, 512, None).unwrap(),
+    ))
+    .unwrap();
+    reg
+}

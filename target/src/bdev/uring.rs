@@ -595,25 +595,12 @@ pub struct UringRescanParams {
     pub name: String,
 }
 
-/// Takes the file's or device's size now (grown, or shrunk while nothing uses the bdev: see
-/// [`util::resize`]). The caller tells the hosts of its namespaces.
+/// As `bdev_aio_rescan` (see [`super::aio::rescan`]).
 pub fn rpc_bdev_uring_rescan(
     bdevs: &mut BdevRegistry,
     params: UringRescanParams,
 ) -> Result<serde_json::Value, RpcError> {
-    let bdev = bdevs
-        .get(&params.name)
-        .ok_or_else(|| BdevError::NotFound(params.name.clone()))?;
-    let this = bdev
-        .as_any()
-        .downcast_ref::<UringBdev>()
-        .ok_or_else(|| BdevError::NotFound(params.name.clone()))?;
-    let file = &this.shared.file;
-    let new = file.current_blocks()?;
-    util::resize(bdevs, &params.name, file.num_blocks(), new, |b| {
-        file.set_num_blocks(b)
-    })?;
-    Ok(serde_json::Value::Bool(true))
+    super::aio::rescan::<UringBdev>(bdevs, &params.name, |b| &b.shared)
 }
 
 #[cfg(test)]
