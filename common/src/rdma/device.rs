@@ -330,8 +330,9 @@ impl PinBook {
 }
 
 /// Whether the device's verbs node (`/sys/class/infiniband_verbs/uverbsN`) is still there:
-/// the kernel takes it away first when the device goes, before it waits for its users. A
-/// second witness beside the listing, so a device a listing merely missed is never cut off.
+/// the kernel takes it away when the device goes, just before it waits for the device's
+/// users. A second witness beside the listing, so a device a listing merely missed is never
+/// cut off.
 fn has_uverbs_node(device: *mut sys::ibv_device) -> bool {
     // SAFETY: `device` is a live device struct (an open context references it); `dev_path` is
     // a NUL-terminated array inside it.
@@ -341,10 +342,10 @@ fn has_uverbs_node(device: *mut sys::ibv_device) -> bool {
 
 /// Closes what keeps a removed device's verbs context open in the kernel: its command and
 /// event descriptors. Each is replaced by a pipe's read end with no writer, so the numbers
-/// stay librdmacm's to close later (no other file can take them meanwhile), and a verb still
-/// sent on it fails (EBADF or ENOTTY) instead of reaching anything. The kernel then destroys what
-/// the context held and lets the removal finish (rxe waits for it: it cannot take
-/// resources back from a process).
+/// stay librdmacm's to close later (no other file can take them meanwhile), and a verb
+/// still sent on it fails (EBADF or ENOTTY) instead of reaching anything. The kernel then
+/// destroys what the context held and lets the removal finish (rxe waits for it: it cannot
+/// take resources back from a process).
 ///
 /// # Safety
 ///

@@ -539,6 +539,24 @@ mod tests {
         assert_eq!(e.code, -libc::EBUSY, "{e:?}");
         assert_eq!(reg.get("N").unwrap().num_blocks(), 2048);
         assert_eq!(part(&reg, "Np1"), (1024, 1024));
+
+        // Nor does one under a bdev that is split.
+        let mut reg = BdevRegistry::new();
+        reg.register(Arc::new(
+            super::super::NullBdev::new("N", 2048, 512, None).unwrap(),
+        ))
+        .unwrap();
+        let delay = json!({"base_bdev_name": "N", "name": "D", "avg_read_latency": 0,
+            "p99_read_latency": 0, "avg_write_latency": 0, "p99_write_latency": 0});
+        super::super::delay::rpc_bdev_delay_create(&mut reg, parse_params(delay).unwrap()).unwrap();
+        create(&mut reg, json!({"base_bdev": "D", "split_count": 2})).unwrap();
+        let e = super::super::null::rpc_bdev_null_resize(
+            &mut reg,
+            parse_params(json!({"name": "N", "new_size": 2})).unwrap(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, -libc::EBUSY, "{e:?}");
+        assert_eq!(reg.get("D").unwrap().num_blocks(), 2048);
     }
 
     /// One config entry recreates every part, with the same UUIDs.

@@ -198,7 +198,9 @@ pub fn resize(
     if new == 0 {
         return Err(invalid(format!("{name}: a size of 0 blocks")));
     }
-    if let Some(user) = bdevs.claimed_by(name) {
+    // Up the stack (a delay bdev on it, a split of that): a split anywhere above keeps it.
+    let mut below = name;
+    while let Some(user) = bdevs.claimed_by(below).filter(|u| bdevs.contains(u)) {
         let split = bdevs
             .get(user)
             .is_some_and(|b| b.as_any().is::<super::SplitBdev>());
@@ -206,10 +208,11 @@ pub fn resize(
             return Err(RpcError::errno(
                 libc::EBUSY,
                 format!(
-                    "{name} is split ({user}, ...): a new size would move its parts at the next start"
+                    "{name} is under a split ({user}, ...): a new size would move its parts at the next start"
                 ),
             ));
         }
+        below = user;
     }
     if new < current {
         if let Some(user) = bdevs.claimed_by(name) {
