@@ -245,8 +245,25 @@ impl Drop for CmDevicePin {
         match book.counts.get_mut(&key) {
             Some(n) if *n > 1 => *n -= 1,
             _ => {
-                // The last: kept until the device list is next looked at (see `PinBook`).
                 book.counts.remove(&key);
+                // SAFETY: this pin's reference keeps the context open.
+                let device = unsafe { self.ctx.as_ref() }.device;
+                // Its verbs node gone and the device unlisted: it is going, and the kernel
+                // waits for us. Nothing else may look at the list for a while (an initiator
+                // whose controller just failed), so it is let go now. (The list is read only
+                // when the node is gone: a pin given back on a live device costs a `stat`.)
+                let gone = uverbs_node(device) == Some(false)
+                    && DeviceList::get().is_ok_and(|list| !is_listed(&list, device));
+                if gone {
+                    let parked = Parked {
+                        ctx: self.ctx,
+                        array: self.array,
+                    };
+                    // SAFETY: as in `PinBook::settle_parked`: our last pin on the context.
+                    unsafe { parked.sever_and_give_back() };
+                    return;
+                }
+                // The last: kept until the device list is next looked at (see `PinBook`).
                 book.parked.push(Parked {
                     ctx: self.ctx,
                     array: self.array,
@@ -263,15 +280,20 @@ impl Drop for CmDevicePin {
 
 /// This process's pins on librdmacm's contexts.
 ///
-/// The last pin on a context is not given back at once but parked until the device list is
-/// next looked at ([`CmDevicePin::all`], which the device checks call), and then:
+/// The last pin on a context of a device already going (unlisted, its verbs node gone) severs
+/// it at once. Any other last pin is not given back at once but parked until the device list
+/// is next looked at ([`CmDevicePin::all`], which the device checks call), and then:
 /// - a device still listed: given back;
 /// - a device no longer listed whose verbs node is gone: its context severed ([`sever`]),
 ///   then given back. librdmacm would close it itself only if some device were left to
 ///   list, so the machine's last device would stay open until the process exits;
-/// - a device no longer listed whose verbs node is still there: kept. The kernel takes a
-///   device out of the list first and its verbs node only later, when its verbs client's turn
-///   comes; the context is looked at again next time, so a removal in that window still ends.
+/// - a device no longer listed whose verbs node is still there (and no listed device has
+///   taken its number): kept. The kernel takes a device out of the list first and its verbs
+///   node only later, when its verbs client's turn comes; the context is looked at again next
+///   time, so a removal in that window still ends.
+///
+/// Devices are matched by name and verbs node, not by pointer: libibverbs makes a new struct
+/// for a device one listing missed.
 ///
 /// Listing once per look, not once per pin, also keeps connection set-up (which pins every
 /// device and drops all but one) from scanning the devices once per device.
@@ -311,33 +333,66 @@ impl PinBook {
             // SAFETY: the parked pin's reference keeps the context open.
             let device = unsafe { p.ctx.as_ref() }.device;
             let pinned_again = self.counts.contains_key(&(p.ctx.as_ptr() as usize));
-            let listed = list.iter().any(|d| d == device);
-            if !listed && !pinned_again {
-                if has_uverbs_node(device) {
-                    self.parked.push(p);
-                    continue;
-                }
-                tracing::info!(device = %device_info(device).name, "RDMA device removed: closing librdmacm's context of it");
-                // SAFETY: the parked pin still holds librdmacm's reference, so the context
-                // and its descriptors are open; no pin of this process is on it, so nothing
-                // of ours has objects on it (each holds its context's pin).
-                unsafe { sever(p.ctx) };
+            if pinned_again || is_listed(&list, device) {
+                // SAFETY: as in `CmDevicePin::drop`: the array is given back exactly once.
+                unsafe { sys::rdma_free_devices(p.array.as_ptr()) };
+                continue;
             }
-            // SAFETY: as in `CmDevicePin::drop`: the array is given back exactly once.
-            unsafe { sys::rdma_free_devices(p.array.as_ptr()) };
+            // A node another listed device now has (the kernel frees the number before it
+            // waits for us) is not this device's.
+            let node_taken = list.iter().any(|d| verbs_path(d) == verbs_path(device));
+            if uverbs_node(device) == Some(true) && !node_taken {
+                self.parked.push(p);
+                continue;
+            }
+            // SAFETY: the parked pin still holds librdmacm's reference, so the context and
+            // its descriptors are open; no pin of this process is on it, so nothing of ours
+            // has objects on it (each holds its context's pin).
+            unsafe { p.sever_and_give_back() };
         }
     }
 }
 
-/// Whether the device's verbs node (`/sys/class/infiniband_verbs/uverbsN`) is still there:
-/// the kernel takes it away when the device goes, just before it waits for the device's
-/// users. A second witness beside the listing, so a device a listing merely missed is never
-/// cut off.
-fn has_uverbs_node(device: *mut sys::ibv_device) -> bool {
-    // SAFETY: `device` is a live device struct (an open context references it); `dev_path` is
-    // a NUL-terminated array inside it.
-    let path = unsafe { CStr::from_ptr((*device).dev_path.as_ptr()) };
-    !path.is_empty() && std::path::Path::new(&*path.to_string_lossy()).exists()
+impl Parked {
+    /// Severs the context ([`sever`]) and gives the reference back.
+    ///
+    /// # Safety
+    ///
+    /// The device is going and this is the process's last pin on the context: nothing of
+    /// ours has objects on it.
+    unsafe fn sever_and_give_back(self) {
+        // SAFETY: the reference keeps the context open.
+        let device = unsafe { self.ctx.as_ref() }.device;
+        tracing::info!(device = %device_info(device).name, "RDMA device removed: closing librdmacm's context of it");
+        // SAFETY: the caller's promise; the context is open.
+        unsafe { sever(self.ctx) };
+        // SAFETY: as in `CmDevicePin::drop`: the array is given back exactly once.
+        unsafe { sys::rdma_free_devices(self.array.as_ptr()) };
+    }
+}
+
+/// The device's verbs node path (`/sys/class/infiniband_verbs/uverbsN`), empty if unknown.
+fn verbs_path<'a>(device: *mut sys::ibv_device) -> &'a CStr {
+    // SAFETY: `device` is a live device struct (a list or an open context references it);
+    // `dev_path` is a NUL-terminated array inside it.
+    unsafe { CStr::from_ptr((*device).dev_path.as_ptr()) }
+}
+
+/// Whether `list` holds `device`: by name and verbs node, not by pointer (libibverbs makes a
+/// new struct for a device one listing missed).
+fn is_listed(list: &DeviceList, device: *mut sys::ibv_device) -> bool {
+    let name = device_info(device).name;
+    list.iter()
+        .any(|d| verbs_path(d) == verbs_path(device) && device_info(d).name == name)
+}
+
+/// Whether the device's verbs node (`/sys/class/infiniband_verbs/uverbsN`) is still there
+/// (`None`: its path is unknown): the kernel takes it away when the device goes, just before
+/// it waits for the device's users. A second witness beside the listing, so a device a
+/// listing merely missed is never cut off.
+fn uverbs_node(device: *mut sys::ibv_device) -> Option<bool> {
+    let path = verbs_path(device);
+    (!path.is_empty()).then(|| std::path::Path::new(&*path.to_string_lossy()).exists())
 }
 
 /// Closes what keeps a removed device's verbs context open in the kernel: its command and
@@ -445,9 +500,9 @@ impl Context {
     pub fn still_listed(&self) -> Option<bool> {
         // SAFETY: an open context always points at its device.
         let device = unsafe { self.raw.as_ref() }.device;
-        DeviceList::get()
-            .ok()
-            .map(|list| list.iter().any(|d| d == device))
+        // No list at all (libibverbs could not look) says nothing either way.
+        let list = DeviceList::get().ok().filter(|l| !l.raw.is_null())?;
+        Some(is_listed(&list, device))
     }
 
     pub(crate) fn async_fd_nonblocking(&self) -> bool {
