@@ -146,6 +146,11 @@ pub trait Bdev: Send + Sync + 'static {
     fn base_bdevs(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Whether this bdev depends on its bases keeping their size (a split's parts would
+    /// move): a bdev anywhere under it is then not resized.
+    fn keeps_base_size(&self) -> bool {
+        false
+    }
     /// Tears down backend resources when the bdev is deleted (files closed by `Drop` too).
     fn on_delete(&self) {}
     /// Downcast hook for RPCs that act on one bdev type (e.g. error injection).

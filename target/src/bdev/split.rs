@@ -132,6 +132,10 @@ impl Bdev for SplitBdev {
     fn base_bdevs(&self) -> Vec<String> {
         vec![self.base.name().to_string()]
     }
+    /// An even split is recomputed from the base's size at the next start.
+    fn keeps_base_size(&self) -> bool {
+        true
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

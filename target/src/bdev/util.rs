@@ -198,18 +198,15 @@ pub fn resize(
     if new == 0 {
         return Err(invalid(format!("{name}: a size of 0 blocks")));
     }
-    // Up the stack (a delay bdev on it, a split of that): a split anywhere above keeps it.
+    // Up the stack (a delay bdev on it, a split of that): one that keeps its bases' size
+    // anywhere above keeps this one's.
     let mut below = name;
     while let Some(user) = bdevs.claimed_by(below).filter(|u| bdevs.contains(u)) {
-        let split = bdevs
-            .get(user)
-            .is_some_and(|b| b.as_any().is::<super::SplitBdev>());
-        if split && new != current {
+        let keeps = bdevs.get(user).is_some_and(|b| b.keeps_base_size());
+        if keeps && new != current {
             return Err(RpcError::errno(
                 libc::EBUSY,
-                format!(
-                    "{name} is under a split ({user}, ...): a new size would move its parts at the next start"
-                ),
+                format!("{name} is under {user}, which needs its size kept (a split's parts would move at the next start)"),
             ));
         }
         below = user;

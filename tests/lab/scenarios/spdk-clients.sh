@@ -129,6 +129,13 @@ for release in $releases; do
     rpc nvmf_subsystem_remove_ns "$nqn" 2 >/dev/null || lab_fail "$release: live nvmf_subsystem_remove_ns"
     wait_nsids "$nqn" "1 5" "$release: namespace removed live"
     lab_log "$release: namespaces added and removed live: the host sees $(nvme_nsids "$nqn")"
+    # rpc.py grows a namespace's null bdev (8 -> 16 MiB); it may grow, in use, not shrink.
+    rpc bdev_null_resize Null1 16 >/dev/null || lab_fail "$release: bdev_null_resize"
+    [[ $(nvmf_rpc bdev_get_bdevs -b Null1) == *'"num_blocks": 4096'* ]] ||
+        lab_fail "$release: Null1 did not grow to 4096 blocks"
+    if rpc bdev_null_resize Null1 4 >/dev/null 2>&1; then
+        lab_fail "$release: a namespace's null bdev shrank"
+    fi
 
     # Every getter through SPDK's Python client, then spdk-cli's tree.
     lab_t 180 "$venv/bin/python" "$checker" "$NVMF_RPC_SOCK" "$nqn2" "$hostnqn" Aio0p1 ||
